@@ -1,0 +1,200 @@
+//! Error values of the allocator crate: configuration mistakes and failed allocations.
+//!
+//! Every message names what was wrong and what the user can change; nothing here panics.
+
+use std::fmt;
+
+/// A value in the configuration (an environment variable or a builder call) is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The text is not a size (`123`, `64K`, `512M`, `8G`, `1T`, `50%`).
+    #[error("{variable}={value:?} is not a valid size: {reason} (expected e.g. 1048576, 64K, 512M, 8GiB, 1T or 50%)")]
+    InvalidSize {
+        /// The variable or setting that held the value.
+        variable: String,
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The value is not valid Unicode.
+    #[error("{variable} is not valid UTF-8")]
+    NotUnicode {
+        /// The variable that held the value.
+        variable: String,
+    },
+    /// A value that parses but cannot be used (an invalid combination, a bad mode name, ...).
+    #[error("{variable}: {message}")]
+    Invalid {
+        /// The variable or setting concerned.
+        variable: String,
+        /// What is wrong with it and what would be accepted.
+        message: String,
+    },
+}
+
+/// Which memory an error is about: host memory or the memory of GPU `n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Host ("off-heap") memory held by the native pool.
+    Host,
+    /// Memory of the GPU with this ordinal.
+    Device(u32),
+}
+
+impl fmt::Display for MemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryKind::Host => f.write_str("[HOST]"),
+            MemoryKind::Device(n) => write!(f, "[DEVICE {n}]"),
+        }
+    }
+}
+
+/// What holds the bytes of a budget when an allocation fails, so the user knows what to free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holders {
+    /// Bytes of workspace buffers and their spills.
+    pub workspaces: usize,
+    /// Bytes of tensors outside workspaces.
+    pub tensors: usize,
+    /// Bytes of host mirrors of device buffers.
+    pub mirrors: usize,
+    /// Bytes allocated without a more specific purpose.
+    pub other: usize,
+    /// Freed blocks the pool keeps for reuse (released before an allocation fails).
+    pub cached: usize,
+}
+
+impl fmt::Display for Holders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "workspaces {}, tensors {}, cached {}",
+            ByteSize(self.workspaces),
+            ByteSize(self.tensors),
+            ByteSize(self.cached)
+        )?;
+        if self.mirrors > 0 {
+            write!(f, ", host mirrors {}", ByteSize(self.mirrors))?;
+        }
+        if self.other > 0 {
+            write!(f, ", other {}", ByteSize(self.other))?;
+        }
+        Ok(())
+    }
+}
+
+/// An allocation that could not be served. Nothing was allocated and no counter changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// The budget (`NDMEM_MAX_BYTES`, or a device budget) would be exceeded.
+    #[error("Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; off-heap {used} of {limit} limit in use ({holders}); raise {variable} or free memory (close scopes, detach fewer tensors, destroy unused workspaces)",
+        used = ByteSize(*.used), limit = ByteSize(*.limit))]
+    OutOfMemory {
+        /// Host or device memory.
+        kind: MemoryKind,
+        /// Bytes asked for.
+        requested: usize,
+        /// OS thread id of the requesting thread.
+        thread: u64,
+        /// Bytes counted against the limit when the request failed.
+        used: usize,
+        /// The limit in bytes.
+        limit: usize,
+        /// What holds the used bytes.
+        holders: Holders,
+        /// The variable (or setting) that raises the limit.
+        variable: &'static str,
+    },
+    /// The resident set size of the process would pass `NDMEM_MAX_PHYSICAL_BYTES`.
+    #[error("Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; physical memory (RSS) {rss} of {limit} limit in use; raise {variable} or free memory",
+        rss = ByteSize(*.rss), limit = ByteSize(*.limit))]
+    PhysicalLimit {
+        /// Host or device memory.
+        kind: MemoryKind,
+        /// Bytes asked for.
+        requested: usize,
+        /// OS thread id of the requesting thread.
+        thread: u64,
+        /// Resident set size of the process when the request failed.
+        rss: usize,
+        /// The physical limit in bytes.
+        limit: usize,
+        /// The variable (or setting) that raises the limit.
+        variable: &'static str,
+    },
+    /// The size or alignment cannot be served at all.
+    #[error("invalid allocation of {size} bytes aligned to {align}: {reason}")]
+    InvalidLayout {
+        /// Bytes asked for.
+        size: usize,
+        /// Alignment asked for.
+        align: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A new limit is below what is already in use.
+    #[error("cannot set {what} to {limit} bytes: {used} bytes are already in use")]
+    LimitBelowUse {
+        /// The limit being changed.
+        what: &'static str,
+        /// The rejected limit.
+        limit: usize,
+        /// Bytes in use.
+        used: usize,
+    },
+    /// The operating system refused memory although the budget allowed it.
+    #[error("Can't allocate {kind} memory: {requested} bytes; the operating system refused (errno {errno})")]
+    Os {
+        /// Host or device memory.
+        kind: MemoryKind,
+        /// Bytes asked for.
+        requested: usize,
+        /// The `errno` the OS returned.
+        errno: i32,
+    },
+    /// The pool's configuration (its environment variables) is invalid.
+    #[error("the memory pool is not configured: {0}")]
+    Config(#[from] ConfigError),
+}
+
+/// A byte count printed the way people read it: `512 B`, `64.0 KiB`, `1.50 GiB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub usize);
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+        if self.0 < 1024 {
+            return write!(f, "{} B", self.0);
+        }
+        let mut value = self.0 as f64 / 1024.0;
+        let mut unit = 0;
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        let decimals = if value < 10.0 { 2 } else { 1 };
+        write!(f, "{value:.decimals$} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_size_reads_like_a_person_writes() {
+        assert_eq!(ByteSize(512).to_string(), "512 B");
+        assert_eq!(ByteSize(64 << 10).to_string(), "64.0 KiB");
+        assert_eq!(ByteSize(3 << 29).to_string(), "1.50 GiB");
+        assert_eq!(ByteSize(8 << 30).to_string(), "8.00 GiB");
+    }
+
+    #[test]
+    fn memory_kind_prints_nd4j_tags() {
+        assert_eq!(MemoryKind::Host.to_string(), "[HOST]");
+        assert_eq!(MemoryKind::Device(1).to_string(), "[DEVICE 1]");
+    }
+}

@@ -1,0 +1,49 @@
+//! # ndmem-alloc
+//!
+//! The accounting floor of ndmem: a tracking `#[global_allocator]` ([`Tracking`]) with an
+//! exact heap limit, and a native [`Pool`] for tensor memory whose off-heap and physical
+//! limits hold exactly under any number of threads.
+//!
+//! Both rest on one idea, a *budget* ([`counter::Budget`]): bytes are reserved by a
+//! compare-and-swap on a single word before memory is obtained, so no interleaving can push
+//! the total past the limit. The global allocator reserves per thread in batches to stay
+//! off the shared cache line; the pool reserves only when it goes to the OS, because freed
+//! blocks stay reserved in its cache and are reused without touching the budget.
+//!
+//! ```
+//! use ndmem_alloc::{Limits, Pool};
+//!
+//! let pool = Pool::new(Limits::builder().max_bytes(1 << 20).build());
+//! let block = pool.allocate(4096, 64)?;
+//! assert_eq!(block.ptr().as_ptr() as usize % 64, 0);
+//! assert!(pool.allocate(2 << 20, 64).is_err()); // over the 1 MiB limit
+//! drop(block);
+//! assert_eq!(pool.stats().live_bytes, 0);
+//! # Ok::<(), ndmem_alloc::AllocError>(())
+//! ```
+//!
+//! Sizes and limits come from the environment (`NDMEM_MAX_HEAP`, `NDMEM_MAX_BYTES`,
+//! `NDMEM_MAX_PHYSICAL_BYTES`, `NDMEM_MAX_DEVICE_BYTES`); see [`Limits`].
+
+#![warn(missing_docs)]
+
+pub mod counter;
+mod error;
+mod limits;
+mod physical;
+mod pool;
+mod slots;
+mod sync;
+#[cfg(not(ndmem_loom))]
+mod tracking;
+
+pub use error::{AllocError, ByteSize, ConfigError, Holders, MemoryKind};
+pub use limits::{
+    parse_size, LimitSource, LimitSources, Limits, LimitsBuilder, ENV_MAX_BYTES,
+    ENV_MAX_DEVICE_BYTES, ENV_MAX_HEAP, ENV_MAX_PHYSICAL_BYTES,
+};
+pub use physical::{page_size, physical_bytes, physical_ram};
+pub use pool::{Block, Pool, PoolStats, Reservation, Usage, MAX_ALIGN, SLOTS_PER_CLASS};
+pub use slots::Slots;
+#[cfg(not(ndmem_loom))]
+pub use tracking::{heap, HeapStats, Tracking};

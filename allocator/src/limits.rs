@@ -1,0 +1,445 @@
+//! The three budgets (heap, off-heap, physical) and the per-device budget: how sizes are
+//! written, where the values come from and what they default to (SEMANTICS 1).
+//!
+//! Sizes are binary multiples (`64K` = 65536), case-insensitive, with an optional `B` or
+//! `iB`, or a percentage of physical RAM (`50%`). Garbage is an error naming the variable and
+//! the value, never a silent default. `0` in an environment variable means "no limit", as
+//! JavaCPP's `maxbytes=0` does.
+
+use crate::error::ConfigError;
+use crate::physical::physical_ram;
+
+/// Environment variable of the heap budget (bytes live through [`crate::Tracking`]).
+pub const ENV_MAX_HEAP: &str = "NDMEM_MAX_HEAP";
+/// Environment variable of the off-heap budget (bytes held by the native pool).
+pub const ENV_MAX_BYTES: &str = "NDMEM_MAX_BYTES";
+/// Environment variable of the physical budget (resident set size of the process).
+pub const ENV_MAX_PHYSICAL_BYTES: &str = "NDMEM_MAX_PHYSICAL_BYTES";
+/// Environment variable of the per-device budget (bytes held on each GPU).
+pub const ENV_MAX_DEVICE_BYTES: &str = "NDMEM_MAX_DEVICE_BYTES";
+
+/// Why a text is not a size; the allocation-free core of [`ConfigError::InvalidSize`].
+pub(crate) type SizeError = &'static str;
+
+/// Parses a size: `123`, `64K`, `512M`, `8G`, `1T`, `1.5G`, `64KiB`, `100B` or `NN%` of RAM.
+///
+/// ```
+/// assert_eq!(ndmem_alloc::parse_size("64K").unwrap(), 65536);
+/// assert_eq!(ndmem_alloc::parse_size("1.5GiB").unwrap(), 3 << 29);
+/// assert!(ndmem_alloc::parse_size("8X").is_err());
+/// ```
+pub fn parse_size(text: &str) -> Result<usize, ConfigError> {
+    parse_size_bytes(text.as_bytes()).map_err(|reason| ConfigError::InvalidSize {
+        variable: "size".into(),
+        value: text.into(),
+        reason,
+    })
+}
+
+/// [`parse_size`] for a named variable, so the error says which one was wrong.
+pub(crate) fn parse_size_named(variable: &str, text: &str) -> Result<usize, ConfigError> {
+    parse_size_bytes(text.as_bytes()).map_err(|reason| ConfigError::InvalidSize {
+        variable: variable.into(),
+        value: text.into(),
+        reason,
+    })
+}
+
+/// The parser itself. It allocates nothing, so the global allocator can use it.
+pub(crate) fn parse_size_bytes(text: &[u8]) -> Result<usize, SizeError> {
+    let text = text.trim_ascii();
+    if text.is_empty() {
+        return Err("it is empty");
+    }
+    if text[0] == b'-' {
+        return Err("sizes cannot be negative");
+    }
+    let number_len = text
+        .iter()
+        .position(|b| !(b.is_ascii_digit() || *b == b'.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(number_len);
+    let (whole, fraction) = split_decimal(number)?;
+    let suffix = suffix.trim_ascii_start();
+
+    if suffix == b"%" {
+        // Percent of RAM: whole.fraction / 100 * ram, computed in integers.
+        let (scaled, denominator) = scale_decimal(whole, fraction)?;
+        if scaled > 100 * denominator {
+            return Err("a percentage of RAM cannot exceed 100%");
+        }
+        let ram = physical_ram() as u128;
+        return usize::try_from(ram * scaled / (100 * denominator)).map_err(|_| "it overflows");
+    }
+
+    let shift = unit_shift(suffix)?;
+    let (scaled, denominator) = scale_decimal(whole, fraction)?;
+    let bytes = scaled.checked_mul(1u128 << shift).ok_or("it overflows")? / denominator;
+    if fraction.is_some() && shift == 0 && scaled % denominator != 0 {
+        return Err("a byte count must be a whole number");
+    }
+    usize::try_from(bytes)
+        .ok()
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or("it overflows")
+}
+
+/// Splits `12.5` into `12` and `Some(5)`; rejects `1.5.2`, `.`, and an empty number.
+fn split_decimal(number: &[u8]) -> Result<(&[u8], Option<&[u8]>), SizeError> {
+    let mut parts = number.splitn(2, |b| *b == b'.');
+    let whole = parts.next().unwrap_or_default();
+    let fraction = parts.next();
+    if fraction.is_some_and(|f| f.contains(&b'.')) {
+        return Err("it has more than one decimal point");
+    }
+    if whole.is_empty() && fraction.is_none_or(|f| f.is_empty()) {
+        return Err("it does not start with a number");
+    }
+    if fraction.is_some_and(|f| f.is_empty()) {
+        return Err("a decimal point must be followed by digits");
+    }
+    Ok((whole, fraction))
+}
+
+/// `whole.fraction` as `scaled / denominator` in exact integers.
+fn scale_decimal(whole: &[u8], fraction: Option<&[u8]>) -> Result<(u128, u128), SizeError> {
+    let fraction = fraction.unwrap_or_default();
+    if fraction.len() > 18 {
+        return Err("it has too many decimal places");
+    }
+    let mut scaled: u128 = 0;
+    for digit in whole.iter().chain(fraction) {
+        scaled = scaled
+            .checked_mul(10)
+            .and_then(|s| s.checked_add(u128::from(digit - b'0')))
+            .filter(|s| *s <= u128::from(u64::MAX))
+            .ok_or("it overflows")?;
+    }
+    Ok((scaled, 10u128.pow(fraction.len() as u32)))
+}
+
+/// `K`/`KB`/`KiB` and friends as a power of two; an empty suffix or `B` means bytes.
+fn unit_shift(suffix: &[u8]) -> Result<u32, SizeError> {
+    let (letter, rest) = match suffix.split_first() {
+        None => return Ok(0),
+        Some((b, rest)) => (b.to_ascii_lowercase(), rest),
+    };
+    let shift = match letter {
+        b'b' if rest.is_empty() => return Ok(0),
+        b'k' => 10,
+        b'm' => 20,
+        b'g' => 30,
+        b't' => 40,
+        b'p' => 50,
+        _ => return Err("unknown unit (use K, M, G, T, P, optionally followed by B or iB)"),
+    };
+    match rest {
+        b"" | b"b" | b"B" | b"ib" | b"iB" | b"IB" | b"Ib" => Ok(shift),
+        _ => Err("unknown unit (use K, M, G, T, P, optionally followed by B or iB)"),
+    }
+}
+
+/// Where a limit's value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitSource {
+    /// Read from its environment variable.
+    Environment,
+    /// Set through [`LimitsBuilder`] or at run time.
+    Explicit,
+    /// The documented default (SEMANTICS 1).
+    Default,
+}
+
+/// Where each of the four limits came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitSources {
+    /// Source of [`Limits::max_heap`].
+    pub max_heap: LimitSource,
+    /// Source of [`Limits::max_bytes`].
+    pub max_bytes: LimitSource,
+    /// Source of [`Limits::max_physical_bytes`].
+    pub max_physical_bytes: LimitSource,
+    /// Source of [`Limits::max_device_bytes`].
+    pub max_device_bytes: LimitSource,
+}
+
+/// The memory budgets of a process or of one [`crate::Pool`] (SEMANTICS 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes live through the tracking global allocator; `None`: tracked only.
+    pub max_heap: Option<usize>,
+    /// Bytes the native pool may hold (live blocks plus its cache); `None`: unlimited.
+    pub max_bytes: Option<usize>,
+    /// Resident set size the pool may grow the process to; `None`: unlimited.
+    pub max_physical_bytes: Option<usize>,
+    /// Bytes each GPU may hold; `None`: min(max_bytes, 90% of the device), decided per device.
+    pub max_device_bytes: Option<usize>,
+    /// Where each value came from.
+    pub sources: LimitSources,
+}
+
+impl Limits {
+    /// Reads `NDMEM_MAX_HEAP`, `NDMEM_MAX_BYTES`, `NDMEM_MAX_PHYSICAL_BYTES` and
+    /// `NDMEM_MAX_DEVICE_BYTES`, filling the rest with the defaults of SEMANTICS 1.
+    pub fn from_env() -> Result<Limits, ConfigError> {
+        Self::from_lookup(|name| match std::env::var(name) {
+            Ok(value) => Ok(Some(value)),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
+                variable: name.into(),
+            }),
+        })
+    }
+
+    /// [`Limits::from_env`] over any source of variables (tests, configuration files).
+    pub fn from_lookup(
+        mut lookup: impl FnMut(&str) -> Result<Option<String>, ConfigError>,
+    ) -> Result<Limits, ConfigError> {
+        let mut read = |name: &str| -> Result<Option<Option<usize>>, ConfigError> {
+            lookup(name)?
+                .map(|value| parse_size_named(name, &value).map(|n| (n > 0).then_some(n)))
+                .transpose()
+        };
+        let mut builder = Limits::builder();
+        let mut from_env = LimitSources::default_all();
+        if let Some(v) = read(ENV_MAX_HEAP)? {
+            builder.max_heap = Some(v);
+            from_env.max_heap = LimitSource::Environment;
+        }
+        if let Some(v) = read(ENV_MAX_BYTES)? {
+            builder.max_bytes = Some(v);
+            from_env.max_bytes = LimitSource::Environment;
+        }
+        if let Some(v) = read(ENV_MAX_PHYSICAL_BYTES)? {
+            builder.max_physical_bytes = Some(v);
+            from_env.max_physical_bytes = LimitSource::Environment;
+        }
+        if let Some(v) = read(ENV_MAX_DEVICE_BYTES)? {
+            builder.max_device_bytes = Some(v);
+            from_env.max_device_bytes = LimitSource::Environment;
+        }
+        let mut limits = builder.build();
+        limits.sources = from_env;
+        Ok(limits)
+    }
+
+    /// A builder whose unset fields take the defaults of SEMANTICS 1.
+    pub fn builder() -> LimitsBuilder {
+        LimitsBuilder::default()
+    }
+
+    /// No limit at all: every figure is tracked, nothing is refused.
+    pub fn unlimited() -> Limits {
+        Limits {
+            max_heap: None,
+            max_bytes: None,
+            max_physical_bytes: None,
+            max_device_bytes: None,
+            sources: LimitSources {
+                max_heap: LimitSource::Explicit,
+                max_bytes: LimitSource::Explicit,
+                max_physical_bytes: LimitSource::Explicit,
+                max_device_bytes: LimitSource::Explicit,
+            },
+        }
+    }
+
+    /// The default off-heap budget: half of physical RAM.
+    pub fn default_max_bytes() -> usize {
+        physical_ram() / 2
+    }
+
+    /// The default physical budget for an off-heap budget: `max_bytes` + 1/4 of RAM, capped
+    /// at 90% of RAM.
+    pub fn default_max_physical_bytes(max_bytes: Option<usize>) -> usize {
+        let ram = physical_ram();
+        let cap = ram / 10 * 9;
+        max_bytes.map_or(cap, |m| m.saturating_add(ram / 4).min(cap))
+    }
+}
+
+impl LimitSources {
+    fn default_all() -> LimitSources {
+        LimitSources {
+            max_heap: LimitSource::Default,
+            max_bytes: LimitSource::Default,
+            max_physical_bytes: LimitSource::Default,
+            max_device_bytes: LimitSource::Default,
+        }
+    }
+}
+
+/// Builds [`Limits`]; `Some(0)` or `None` for a field means "unlimited" once set explicitly.
+#[derive(Debug, Clone, Default)]
+pub struct LimitsBuilder {
+    max_heap: Option<Option<usize>>,
+    max_bytes: Option<Option<usize>>,
+    max_physical_bytes: Option<Option<usize>>,
+    max_device_bytes: Option<Option<usize>>,
+}
+
+impl LimitsBuilder {
+    /// Heap budget in bytes (`None` or 0: tracked only).
+    pub fn max_heap(mut self, bytes: impl Into<Option<usize>>) -> Self {
+        self.max_heap = Some(bytes.into().filter(|b| *b > 0));
+        self
+    }
+
+    /// Off-heap budget in bytes (`None` or 0: unlimited).
+    pub fn max_bytes(mut self, bytes: impl Into<Option<usize>>) -> Self {
+        self.max_bytes = Some(bytes.into().filter(|b| *b > 0));
+        self
+    }
+
+    /// Physical (RSS) budget in bytes (`None` or 0: unlimited).
+    pub fn max_physical_bytes(mut self, bytes: impl Into<Option<usize>>) -> Self {
+        self.max_physical_bytes = Some(bytes.into().filter(|b| *b > 0));
+        self
+    }
+
+    /// Per-device budget in bytes (`None` or 0: the per-device default).
+    pub fn max_device_bytes(mut self, bytes: impl Into<Option<usize>>) -> Self {
+        self.max_device_bytes = Some(bytes.into().filter(|b| *b > 0));
+        self
+    }
+
+    /// The limits, defaults filled in for fields never set.
+    pub fn build(self) -> Limits {
+        let source = |set: bool| {
+            if set {
+                LimitSource::Explicit
+            } else {
+                LimitSource::Default
+            }
+        };
+        let max_bytes = self
+            .max_bytes
+            .unwrap_or_else(|| Some(Limits::default_max_bytes()));
+        let max_physical_bytes = self
+            .max_physical_bytes
+            .unwrap_or_else(|| Some(Limits::default_max_physical_bytes(max_bytes)));
+        Limits {
+            max_heap: self.max_heap.flatten(),
+            max_bytes,
+            max_physical_bytes,
+            max_device_bytes: self.max_device_bytes.flatten(),
+            sources: LimitSources {
+                max_heap: source(self.max_heap.is_some()),
+                max_bytes: source(self.max_bytes.is_some()),
+                max_physical_bytes: source(self.max_physical_bytes.is_some()),
+                max_device_bytes: source(self.max_device_bytes.is_some()),
+            },
+        }
+    }
+}
+
+#[cfg(all(test, not(ndmem_loom)))]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn sizes_parse_as_binary_multiples() {
+        // SEMANTICS 1: 123, 64K, 512M, 8G, 1T, case-insensitive, optional B / iB.
+        assert_eq!(parse_size("123").unwrap(), 123);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("512mb").unwrap(), 512 << 20);
+        assert_eq!(parse_size("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_size("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
+        assert_eq!(parse_size("100B").unwrap(), 100);
+        assert_eq!(parse_size(" 2 G ").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("0").unwrap(), 0);
+    }
+
+    #[test]
+    fn percentages_are_of_physical_ram() {
+        let ram = physical_ram();
+        assert_eq!(parse_size("50%").unwrap(), ram / 2);
+        assert_eq!(parse_size("100%").unwrap(), ram);
+        assert_eq!(
+            parse_size("12.5%").unwrap(),
+            (ram as u128 * 125 / 1000) as usize
+        );
+    }
+
+    #[test]
+    fn garbage_is_an_error_naming_the_value() {
+        for bad in [
+            "8X",
+            "-1",
+            "1.5.G",
+            "",
+            "  ",
+            "G",
+            "1.G",
+            ".",
+            "99999999999999999999999",
+            "16E",
+            "1.5",
+            "101%",
+            "1e9",
+            "12 MBs",
+            "0x10",
+            "1,000",
+        ] {
+            let err = parse_size(bad).expect_err(bad);
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+        assert!(parse_size("16777216T").is_err(), "2^64 overflows");
+    }
+
+    #[test]
+    fn defaults_follow_semantics_1() {
+        let env: HashMap<&str, &str> = HashMap::new();
+        let limits = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string()))).unwrap();
+        let ram = physical_ram();
+        assert_eq!(limits.max_heap, None);
+        assert_eq!(limits.max_bytes, Some(ram / 2));
+        assert_eq!(
+            limits.max_physical_bytes,
+            Some((ram / 2 + ram / 4).min(ram / 10 * 9))
+        );
+        assert_eq!(limits.sources.max_bytes, LimitSource::Default);
+    }
+
+    #[test]
+    fn environment_values_override_defaults_and_zero_means_unlimited() {
+        let env = HashMap::from([
+            (ENV_MAX_BYTES, "1G"),
+            (ENV_MAX_HEAP, "256M"),
+            (ENV_MAX_PHYSICAL_BYTES, "0"),
+        ]);
+        let limits = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string()))).unwrap();
+        assert_eq!(limits.max_bytes, Some(1 << 30));
+        assert_eq!(limits.max_heap, Some(256 << 20));
+        assert_eq!(limits.max_physical_bytes, None);
+        assert_eq!(limits.sources.max_bytes, LimitSource::Environment);
+        assert_eq!(limits.sources.max_device_bytes, LimitSource::Default);
+    }
+
+    #[test]
+    fn garbage_in_a_variable_names_the_variable_and_value() {
+        let env = HashMap::from([(ENV_MAX_PHYSICAL_BYTES, "lots")]);
+        let err = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string()))).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("NDMEM_MAX_PHYSICAL_BYTES"), "{msg}");
+        assert!(msg.contains("\"lots\""), "{msg}");
+    }
+
+    #[test]
+    fn builder_derives_physical_from_max_bytes() {
+        let ram = physical_ram();
+        let limits = Limits::builder().max_bytes(1 << 20).build();
+        assert_eq!(limits.max_bytes, Some(1 << 20));
+        assert_eq!(
+            limits.max_physical_bytes,
+            Some(((1 << 20) + ram / 4).min(ram / 10 * 9))
+        );
+        assert_eq!(limits.sources.max_bytes, LimitSource::Explicit);
+        assert_eq!(limits.sources.max_physical_bytes, LimitSource::Default);
+    }
+}
