@@ -5,4 +5,7 @@
 
 #![warn(missing_docs)]
 
+mod error;
+
+pub use error::{Error, Result};
 pub use ndmem_alloc as alloc;

@@ -1,0 +1,128 @@
+//! The error type of the `ndmem` crate: every way a workspace, tensor, scope or device
+//! operation can fail, each with a message that names what was wrong.
+
+use ndmem_alloc::{AllocError, ConfigError};
+
+/// Errors of ndmem operations. Nothing in the safe API panics on bad input or misuse.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor from a workspace that is no longer open (left or destroyed) was used
+    /// (SEMANTICS 3).
+    #[error("Op [{op}] {arg} argument uses leaked workspace pointer from workspace [{workspace}]")]
+    LeakedWorkspacePointer {
+        /// The operation that refused the tensor.
+        op: String,
+        /// Which argument (`X`, `Y`, `Z`, ...).
+        arg: String,
+        /// The workspace the tensor was allocated in.
+        workspace: String,
+    },
+    /// A tensor from an earlier cycle of a still-open workspace was used (SEMANTICS 3).
+    #[error("Op [{op}] {arg} argument uses outdated workspace pointer from workspace [{workspace}] (allocated in generation {allocated_in}, now {current})")]
+    OutdatedWorkspacePointer {
+        /// The operation that refused the tensor.
+        op: String,
+        /// Which argument (`X`, `Y`, `Z`, ...).
+        arg: String,
+        /// The workspace the tensor was allocated in.
+        workspace: String,
+        /// The generation the tensor was allocated in.
+        allocated_in: u64,
+        /// The workspace's generation now.
+        current: u64,
+    },
+    /// A workspace with the `Fail` spill policy cannot serve a request (SEMANTICS 2.2).
+    #[error("workspace [{workspace}] is full: {requested} bytes requested, {available} bytes left in this cycle")]
+    WorkspaceFull {
+        /// The workspace.
+        workspace: String,
+        /// Bytes requested (after alignment padding).
+        requested: usize,
+        /// Bytes left in the buffer.
+        available: usize,
+    },
+    /// No workspace with this id exists on this thread.
+    #[error("no workspace [{workspace}] exists on this thread")]
+    NoSuchWorkspace {
+        /// The id asked for.
+        workspace: String,
+    },
+    /// Workspace memory was used from a thread other than its owner (SEMANTICS 3).
+    #[error("Op [{op}] {arg} argument lives in workspace [{workspace}] of thread {owner:?} and cannot be used from thread {current:?}; detach() it before sending it")]
+    WrongThread {
+        /// The operation that refused the tensor.
+        op: String,
+        /// Which argument.
+        arg: String,
+        /// The workspace the tensor was allocated in.
+        workspace: String,
+        /// The owning thread.
+        owner: std::thread::ThreadId,
+        /// The thread that tried to use it.
+        current: std::thread::ThreadId,
+    },
+    /// A tensor of a closed scope was used (SEMANTICS 4).
+    #[error("Op [{op}] {arg} argument belongs to scope [{scope}], which is closed")]
+    ScopeClosed {
+        /// The operation that refused the tensor.
+        op: String,
+        /// Which argument.
+        arg: String,
+        /// The closed scope.
+        scope: String,
+    },
+    /// Something was attached to a capped scope (SEMANTICS 4).
+    #[error("scope [{scope}] is capped: nothing more can be attached to it")]
+    ScopeCapped {
+        /// The capped scope.
+        scope: String,
+    },
+    /// A scope operation that its state forbids (closing the root, closing twice, ...).
+    #[error("scope [{scope}]: {message}")]
+    Scope {
+        /// The scope.
+        scope: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Shapes do not fit the operation.
+    #[error("Op [{op}]: {message}")]
+    Shape {
+        /// The operation.
+        op: String,
+        /// What is wrong, with the shapes involved.
+        message: String,
+    },
+    /// Data types do not fit the operation.
+    #[error("Op [{op}]: {message}")]
+    DType {
+        /// The operation.
+        op: String,
+        /// What is wrong, with the types involved.
+        message: String,
+    },
+    /// No GPU or CUDA driver is available (SEMANTICS 5).
+    #[error("no device: {reason}")]
+    NoDevice {
+        /// Why no device could be used.
+        reason: String,
+    },
+    /// The device reported an error.
+    #[error("device {device}: {message}")]
+    Device {
+        /// Device ordinal.
+        device: u32,
+        /// The driver's message.
+        message: String,
+    },
+    /// Memory could not be allocated (a limit, a bad layout, the OS).
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    /// A configuration value is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// `Result` with ndmem's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
