@@ -238,7 +238,13 @@ impl Tally {
             NEW => self.register(),
             _ => {}
         }
-        let need = size - self.budget.get();
+        let budget = self.budget.get();
+        if budget >= size {
+            // Registering re-entered the allocator, which refilled the budget already.
+            self.budget.set(budget - size);
+            return true;
+        }
+        let need = size - budget;
         let threads = THREADS.load(Ordering::Relaxed).max(1);
         let extra = (HEAP.available() / (4 * threads)).min(MAX_BATCH);
         let granted = if extra > 0 && HEAP.try_reserve(need + extra).is_ok() {
@@ -262,16 +268,29 @@ impl Tally {
     }
 
     /// Gives back `size` bytes of budget, returning to the heap what exceeds twice `keep`.
+    ///
+    /// Invariant kept here: a thread's unflushed frees never exceed its unspent budget
+    /// (`-net <= budget`), so the published live figure never exceeds the reserved total,
+    /// and hence never the limit. Budget leaves the thread only after its tally is flushed,
+    /// which is why callers count a free *before* giving its budget back.
     #[inline]
     fn give_back(&self, size: usize) {
         let keep = self.keep.get();
         let budget = self.budget.get() + size;
+        self.budget.set(budget);
         if budget > 2 * keep || self.state.get() == EXITED {
-            HEAP.release(budget - keep.min(budget));
-            self.budget.set(keep.min(budget));
-        } else {
-            self.budget.set(budget);
+            self.release_excess(keep);
         }
+    }
+
+    #[cold]
+    fn release_excess(&self, keep: usize) {
+        if self.net.get() != 0 {
+            self.flush();
+        }
+        let budget = self.budget.get();
+        HEAP.release(budget - keep.min(budget));
+        self.budget.set(keep.min(budget));
     }
 
     #[inline]
@@ -287,10 +306,10 @@ impl Tally {
 
     #[inline]
     fn free(&self, size: usize) {
-        self.give_back(size);
         self.deallocations.set(self.deallocations.get() + 1);
         self.freed.set(self.freed.get() + size as u64);
         self.count(-(size as isize));
+        self.give_back(size);
     }
 
     #[inline]
@@ -300,11 +319,11 @@ impl Tally {
             self.give_back(new_size.saturating_sub(old_size));
             return;
         }
-        self.give_back(old_size.saturating_sub(new_size));
         self.reallocations.set(self.reallocations.get() + 1);
         self.allocated.set(self.allocated.get() + new_size as u64);
         self.freed.set(self.freed.get() + old_size as u64);
         self.count(new_size as isize - old_size as isize);
+        self.give_back(old_size.saturating_sub(new_size));
     }
 
     #[inline]
@@ -333,14 +352,14 @@ impl Tally {
         self.ops.set(0);
     }
 
-    /// Returns all unspent budget to the heap.
+    /// Returns all unspent budget to the heap (after publishing the tally it covers).
     fn return_budget(&self) {
+        self.flush();
         HEAP.release(self.budget.replace(0));
     }
 
     /// The thread is exiting: publish everything and stop batching.
     fn retire(&self) {
-        self.flush();
         self.return_budget();
         self.keep.set(0);
         if self.state.replace(EXITED) == REGISTERED {
