@@ -332,9 +332,18 @@ impl Tally {
         self.net.set(net);
         let ops = self.ops.get() + 1;
         self.ops.set(ops);
-        if net.abs() >= FLUSH_NET || ops >= FLUSH_OPS || self.state.get() == EXITED {
-            self.flush();
+        if net.abs() >= FLUSH_NET || ops >= FLUSH_OPS || self.state.get() != REGISTERED {
+            self.publish();
         }
+    }
+
+    #[cold]
+    fn publish(&self) {
+        if self.state.get() == NEW {
+            // A thread that frees before it ever needs budget must still be flushed at exit.
+            self.register();
+        }
+        self.flush();
     }
 
     /// Publishes this thread's tally to the process-wide counters.
@@ -487,6 +496,7 @@ fn warn(parts: &[&[u8]]) {
 
 /// Process-wide heap statistics and limit of the tracking allocator.
 pub mod heap {
+    pub use super::HeapStats;
     use super::*;
 
     /// The heap statistics, after publishing the calling thread's tally.
