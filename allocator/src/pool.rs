@@ -136,7 +136,6 @@ type Reclaimer = Arc<dyn Fn() -> usize + Send + Sync>;
 pub struct Pool {
     budget: Budget,
     max_physical: AtomicUsize,
-    max_cached: AtomicUsize,
     classes: Box<[Slots<SLOTS_PER_CLASS>]>,
     live: AtomicUsize,
     peak_live: AtomicUsize,
@@ -200,11 +199,9 @@ impl Pool {
 
     /// An independent pool with its own limits and cache (tests, embedding).
     pub fn new(limits: Limits) -> Pool {
-        let max_bytes = limits.max_bytes.unwrap_or(UNLIMITED);
         Pool {
             budget: Budget::new(limits.max_bytes),
             max_physical: AtomicUsize::new(limits.max_physical_bytes.unwrap_or(UNLIMITED)),
-            max_cached: AtomicUsize::new(max_bytes / 4),
             classes: (0..NUM_CLASSES).map(|_| Slots::default()).collect(),
             live: AtomicUsize::new(0),
             peak_live: AtomicUsize::new(0),
@@ -408,14 +405,15 @@ impl Pool {
         self.deallocations.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Takes a block back: into its class's cache if there is room, else to the OS.
+    /// Takes a block back: into its class's cache if a slot is free, else to the OS. A
+    /// cached block stays reserved, so the cache can never push the pool past its limit;
+    /// at the limit it is released before anything fails.
     fn release(&self, ptr: NonNull<u8>, capacity: usize, usage: Usage) {
         self.mark_freed(capacity, usage);
         if let Some(class) = class_of(capacity).filter(|_| capacity <= MAX_CLASS) {
-            let cached = self.cached.fetch_add(capacity, Ordering::Relaxed) + capacity;
-            if cached <= self.max_cached.load(Ordering::Relaxed)
-                && self.classes[class].push(ptr.as_ptr()).is_ok()
-            {
+            // Counted before the push so a racing pop can never take the count below zero.
+            self.cached.fetch_add(capacity, Ordering::Relaxed);
+            if self.classes[class].push(ptr.as_ptr()).is_ok() {
                 return;
             }
             self.cached.fetch_sub(capacity, Ordering::Relaxed);
@@ -452,8 +450,6 @@ impl Pool {
                 limit: e.limit,
                 used: e.used,
             })?;
-        let limit = self.budget.limit().unwrap_or(UNLIMITED);
-        self.max_cached.store(limit / 4, Ordering::Relaxed);
         Ok(())
     }
 
