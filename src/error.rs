@@ -42,6 +42,26 @@ pub enum Error {
         /// Bytes left in the buffer.
         available: usize,
     },
+    /// A workspace exists but no cycle of it is running (it was left or destroyed), so
+    /// nothing can be allocated in it (SEMANTICS 2.2).
+    #[error("workspace [{workspace}] is not open on this thread: {reason}; enter it with get_and_activate first")]
+    WorkspaceNotOpen {
+        /// The workspace.
+        workspace: String,
+        /// Why it is not open.
+        reason: &'static str,
+    },
+    /// A workspace's memory-mapped file could not be created, sized, mapped or claimed
+    /// (`LocationPolicy::Mmap`).
+    #[error("workspace [{workspace}]: memory-mapped file {path}: {message}")]
+    WorkspaceFile {
+        /// The workspace.
+        workspace: String,
+        /// The file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
     /// No workspace with this id exists on this thread.
     #[error("no workspace [{workspace}] exists on this thread")]
     NoSuchWorkspace {

@@ -6,6 +6,16 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod reclaim;
+pub mod scope;
+pub mod tensor;
+pub mod workspace;
 
 pub use error::{Error, Result};
 pub use ndmem_alloc as alloc;
+pub use scope::Scope;
+pub use tensor::{DType, Element, Tensor, TensorView};
+pub use workspace::{
+    workspaces, AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy,
+    SpillPolicy, WorkspaceConfig, WorkspaceGuard, WorkspaceStats,
+};

@@ -24,7 +24,10 @@ fn run() -> Result<(), String> {
     }
     let limits = Limits::from_env().map_err(|e| e.to_string())?;
     let pool = Pool::try_global().map_err(|e| e.to_string())?;
-    println!("ndmem limits (physical RAM {})", ByteSize(ndmem::alloc::physical_ram()));
+    println!(
+        "ndmem limits (physical RAM {})",
+        ByteSize(ndmem::alloc::physical_ram())
+    );
     let row = |name: &str, value: Option<usize>, source: LimitSource, none: &str| {
         let value = value.map_or(none.to_string(), |v| ByteSize(v).to_string());
         let source = match source {
@@ -34,8 +37,18 @@ fn run() -> Result<(), String> {
         };
         println!("  {name:<26} {value:>12}  ({source})");
     };
-    row("NDMEM_MAX_HEAP", limits.max_heap, limits.sources.max_heap, "tracked only");
-    row("NDMEM_MAX_BYTES", limits.max_bytes, limits.sources.max_bytes, "unlimited");
+    row(
+        "NDMEM_MAX_HEAP",
+        limits.max_heap,
+        limits.sources.max_heap,
+        "tracked only",
+    );
+    row(
+        "NDMEM_MAX_BYTES",
+        limits.max_bytes,
+        limits.sources.max_bytes,
+        "unlimited",
+    );
     row(
         "NDMEM_MAX_PHYSICAL_BYTES",
         limits.max_physical_bytes,
@@ -69,7 +82,8 @@ fn run() -> Result<(), String> {
         ByteSize(p.peak_bytes),
         ByteSize(p.cached_bytes),
         ByteSize(p.used_bytes),
-        p.limit_bytes.map_or("unlimited".into(), |l| ByteSize(l).to_string()),
+        p.limit_bytes
+            .map_or("unlimited".into(), |l| ByteSize(l).to_string()),
         p.os_allocations,
         ByteSize(p.physical_bytes)
     );

@@ -1,0 +1,72 @@
+//! Epoch-based deferred frees: the garbage collector ND4J relied on, made explicit.
+//!
+//! Invariant (crossbeam-epoch's): memory handed to [`defer_free`] is released only after
+//! every thread that was pinned when it was deferred has unpinned, so a reader that pinned,
+//! checked a tensor's validity and is still reading it never sees its memory freed. Readers
+//! pin through [`pin`] around the check and the access.
+//!
+//! The bytes waiting are counted ([`pending_bytes`]) and bounded: past
+//! [`AUTO_COLLECT_BYTES`] the deferring thread collects, and the global pool runs
+//! [`collect`] before it refuses an allocation at its limit (SEMANTICS 1, 6).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
+
+use crossbeam_epoch as epoch;
+use ndmem_alloc::{Block, Pool};
+
+/// Pending bytes past which the thread that defers a free also collects.
+pub const AUTO_COLLECT_BYTES: usize = 64 << 20;
+
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+static REGISTER: Once = Once::new();
+
+/// A pinned epoch: memory deferred after this point is not freed while it lives.
+pub type Pin = epoch::Guard;
+
+/// Pins the current thread for the duration of a check-then-read.
+pub fn pin() -> Pin {
+    epoch::pin()
+}
+
+/// Frees `block` once no thread pinned now can still be reading it.
+pub(crate) fn defer_free(block: Block<'static>) {
+    register_with_pool();
+    let bytes = block.capacity();
+    let pending = PENDING.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    let guard = epoch::pin();
+    guard.defer(move || {
+        drop(block);
+        PENDING.fetch_sub(bytes, Ordering::Relaxed);
+    });
+    drop(guard);
+    if pending > AUTO_COLLECT_BYTES {
+        collect();
+    }
+}
+
+/// Forces pending frees: advances the epoch until everything deferred is released or a
+/// thread still pinned holds it back (the `invokeGc` of this runtime). Returns the bytes
+/// freed by this call.
+pub fn collect() -> usize {
+    let before = PENDING.load(Ordering::Relaxed);
+    // Two epoch advances release what was deferred; a few more rounds drain the queues.
+    for _ in 0..16 {
+        if PENDING.load(Ordering::Relaxed) == 0 {
+            break;
+        }
+        let guard = epoch::pin();
+        guard.flush();
+        drop(guard);
+    }
+    before.saturating_sub(PENDING.load(Ordering::Relaxed))
+}
+
+/// Bytes of tensor memory waiting to be freed.
+pub fn pending_bytes() -> usize {
+    PENDING.load(Ordering::Relaxed)
+}
+
+fn register_with_pool() {
+    REGISTER.call_once(|| Pool::global().register_reclaimer(collect));
+}

@@ -1,0 +1,414 @@
+//! Tensors whose every access is checked (SEMANTICS 3, 4, 6).
+//!
+//! Invariant: a [`Tensor`] reaches its bytes only through its storage's checked read, so a
+//! tensor from a left, outdated or destroyed workspace, another thread's workspace, or a
+//! closed scope yields an [`Error`] before any byte is touched. Views (`transpose`,
+//! `reshape`, `broadcast_to`) share their base's storage and so its validity.
+//!
+//! Kernels are ndarray's, run over views of ndmem memory; ndmem only decides where outputs
+//! live: the current workspace, else the first input's scope, else a pool block owned by
+//! the handles and freed through epoch reclamation when the last handle drops.
+
+mod dtype;
+mod ops;
+pub(crate) mod storage;
+
+use std::sync::Arc;
+
+use ndarray::{ArrayViewD, ArrayViewMutD, IxDyn, ShapeBuilder};
+
+pub use dtype::{DType, Element, Float};
+
+use crate::error::{Error, Result};
+use crate::reclaim::{self, Pin};
+use crate::scope::ScopeShared;
+use storage::{NewStorage, Placement, Storage};
+
+/// Dispatches on a [`DType`], binding the matching Rust type to `$t` inside `$body`.
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::tensor::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::tensor::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::tensor::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::tensor::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_dtype;
+
+/// An n-dimensional array of one [`DType`] in ndmem memory. Cheap to clone (the storage is
+/// shared), `Send + Sync`, and checked on every use.
+///
+/// ```
+/// use ndmem::{DType, Tensor};
+///
+/// let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+/// let b = Tensor::ones(DType::F32, &[2])?;
+/// let c = a.add(&b)?.matmul(&a.transpose()?)?;   // broadcasting, then 2x2 @ 2x2
+/// assert_eq!(c.shape(), &[2, 2]);
+/// assert_eq!(c.to_vec::<f32>()?, vec![13.0, 23.0, 23.0, 41.0]);
+/// # Ok::<(), ndmem::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Strides in elements (never negative; 0 for broadcast axes).
+    strides: Vec<usize>,
+    /// Offset of the first element, in elements.
+    offset: usize,
+}
+
+/// A read-only ndarray view of a tensor, valid while this value lives (it holds an epoch
+/// pin so the memory cannot be reclaimed under it).
+pub struct TensorView<'a, T> {
+    view: ArrayViewD<'a, T>,
+    _pin: Pin,
+}
+
+impl<'a, T> std::ops::Deref for TensorView<'a, T> {
+    type Target = ArrayViewD<'a, T>;
+    fn deref(&self) -> &Self::Target {
+        &self.view
+    }
+}
+
+/// Elements of `shape`, or a shape error if the count overflows.
+fn element_count(op: &str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, d| n.checked_mul(*d))
+        .ok_or_else(|| Error::Shape {
+            op: op.into(),
+            message: format!("shape {shape:?} has more elements than fit in memory"),
+        })
+}
+
+/// Row-major strides of `shape`.
+fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut step = 1;
+    for (stride, dim) in strides.iter_mut().zip(shape).rev() {
+        *stride = step;
+        step *= (*dim).max(1);
+    }
+    strides
+}
+
+impl Tensor {
+    // ---- creation ------------------------------------------------------------------
+
+    /// A tensor of zeros, placed by the allocation flow (current workspace, else the pool).
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Self::full_placed("zeros", dtype, shape, 0.0, Placement::Auto(None))
+    }
+
+    /// A tensor of ones.
+    pub fn ones(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Self::full_placed("ones", dtype, shape, 1.0, Placement::Auto(None))
+    }
+
+    /// A tensor filled with `value` (converted to `dtype` like `as`).
+    pub fn full(dtype: DType, shape: &[usize], value: f64) -> Result<Tensor> {
+        Self::full_placed("full", dtype, shape, value, Placement::Auto(None))
+    }
+
+    /// Uniform random values in `[0, 1)` (floats) or `0..100` (integers), reproducible for
+    /// a `seed` whatever the memory placement.
+    pub fn rand(dtype: DType, shape: &[usize], seed: u64) -> Result<Tensor> {
+        with_dtype!(dtype, T => Self::build::<T>("rand", shape, Placement::Auto(None), |mut out| {
+            let mut state = seed;
+            for x in out.iter_mut() {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
+                *x = T::from_f64(if dtype.is_float() { unit } else { (unit * 100.0).floor() });
+            }
+            Ok(())
+        }))
+    }
+
+    /// A tensor copied from `data` with `shape` (row-major).
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Tensor> {
+        Self::from_slice_placed(data, shape, Placement::Auto(None))
+    }
+
+    /// A tensor copied from `data` (the vector is freed; tensor memory is ndmem's).
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        Self::from_slice(&data, shape)
+    }
+
+    pub(crate) fn zeros_in_scope(
+        dtype: DType,
+        shape: &[usize],
+        scope: &Arc<ScopeShared>,
+    ) -> Result<Tensor> {
+        Self::full_placed("zeros", dtype, shape, 0.0, Placement::Scope(scope))
+    }
+
+    pub(crate) fn full_in_scope(
+        dtype: DType,
+        shape: &[usize],
+        value: f64,
+        scope: &Arc<ScopeShared>,
+    ) -> Result<Tensor> {
+        Self::full_placed("full", dtype, shape, value, Placement::Scope(scope))
+    }
+
+    pub(crate) fn from_slice_in_scope<T: Element>(
+        data: &[T],
+        shape: &[usize],
+        scope: &Arc<ScopeShared>,
+    ) -> Result<Tensor> {
+        Self::from_slice_placed(data, shape, Placement::Scope(scope))
+    }
+
+    fn full_placed(
+        op: &str,
+        dtype: DType,
+        shape: &[usize],
+        value: f64,
+        placement: Placement<'_>,
+    ) -> Result<Tensor> {
+        with_dtype!(dtype, T => Self::build::<T>(op, shape, placement, |mut out| {
+            out.fill(T::from_f64(value));
+            Ok(())
+        }))
+    }
+
+    fn from_slice_placed<T: Element>(
+        data: &[T],
+        shape: &[usize],
+        placement: Placement<'_>,
+    ) -> Result<Tensor> {
+        let n = element_count("from_slice", shape)?;
+        if n != data.len() {
+            return Err(Error::Shape {
+                op: "from_slice".into(),
+                message: format!(
+                    "{} values cannot fill shape {shape:?} ({n} elements)",
+                    data.len()
+                ),
+            });
+        }
+        Self::build::<T>("from_slice", shape, placement, |mut out| {
+            out.as_slice_mut()
+                .expect("fresh outputs are contiguous")
+                .copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// Allocates a contiguous `shape` of `T` where `placement` says, lets `fill` write it,
+    /// then shares it.
+    pub(crate) fn build<T: Element>(
+        op: &str,
+        shape: &[usize],
+        placement: Placement<'_>,
+        fill: impl FnOnce(ArrayViewMutD<'_, T>) -> Result<()>,
+    ) -> Result<Tensor> {
+        let n = element_count(op, shape)?;
+        let bytes = n.checked_mul(size_of::<T>()).ok_or_else(|| Error::Shape {
+            op: op.into(),
+            message: format!("shape {shape:?} of {} is too large", T::DTYPE),
+        })?;
+        let mut storage =
+            NewStorage::allocate(bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
+        {
+            let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut());
+            let view = ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n])
+                .expect("a fresh buffer holds its shape");
+            fill(view)?;
+        }
+        Ok(Tensor {
+            storage: storage.share()?,
+            dtype: T::DTYPE,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        })
+    }
+
+    // ---- metadata ------------------------------------------------------------------
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of axes.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the tensor lives in a workspace (and which), for diagnostics.
+    pub fn workspace(&self) -> Option<&str> {
+        self.storage.stamp().map(|s| s.workspace_id())
+    }
+
+    /// Whether the tensor may be used now from this thread (SEMANTICS 3, 4).
+    pub fn is_valid(&self) -> bool {
+        self.storage.check("is_valid", "X").is_ok()
+    }
+
+    pub(crate) fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
+    /// Whether two tensors share memory (one is a view of the other, or both of a base).
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    // ---- read-out ------------------------------------------------------------------
+
+    /// The elements in row-major order.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let pin = reclaim::pin();
+        let view = self.array::<T>("to_vec", "X", &pin)?;
+        Ok(view.iter().copied().collect())
+    }
+
+    /// A read-only ndarray view (no copy).
+    pub fn view<T: Element>(&self) -> Result<TensorView<'_, T>> {
+        let pin = reclaim::pin();
+        let view = self.array::<T>("view", "X", &pin)?;
+        Ok(TensorView { view, _pin: pin })
+    }
+
+    /// The single value of a one-element tensor, as `f64`.
+    pub fn scalar(&self) -> Result<f64> {
+        if self.len() != 1 {
+            return Err(Error::Shape {
+                op: "scalar".into(),
+                message: format!("shape {:?} is not a single value", self.shape),
+            });
+        }
+        let pin = reclaim::pin();
+        with_dtype!(self.dtype, T => Ok(self.array::<T>("scalar", "X", &pin)?.iter().next().map_or(0.0, |v| v.to_f64())))
+    }
+
+    /// The checked ndarray view of this tensor's elements, for as long as `pin` lives.
+    pub(crate) fn array<'a, T: Element>(
+        &'a self,
+        op: &str,
+        arg: &str,
+        pin: &Pin,
+    ) -> Result<ArrayViewD<'a, T>> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::DType {
+                op: op.into(),
+                message: format!("{arg} argument is {}, not {}", self.dtype, T::DTYPE),
+            });
+        }
+        let bytes = self.storage.read(op, arg, pin)?;
+        let data: &[T] = bytemuck::cast_slice(bytes);
+        let view = if self.is_empty() {
+            ArrayViewD::from_shape(IxDyn(&self.shape), &data[..0])
+        } else {
+            let shape = IxDyn(&self.shape).strides(IxDyn(&self.strides));
+            ArrayViewD::from_shape(shape, &data[self.offset..])
+        };
+        Ok(view.expect("tensor metadata fits its storage"))
+    }
+
+    // ---- moving data out (SEMANTICS 3) ------------------------------------------
+
+    /// A copy in pool memory owned by the returned handle: valid forever (ND4J `detach`).
+    pub fn detach(&self) -> Result<Tensor> {
+        self.copy_to("detach", Placement::Detached)
+    }
+
+    /// A copy in the parent of the current workspace, or detached if there is none;
+    /// unchanged if it already lives there (ND4J `leverage`).
+    pub fn leverage(&self) -> Result<Tensor> {
+        self.storage.check("leverage", "X")?;
+        if let (Some(parent), Some(stamp)) =
+            (crate::workspace::parent_of_current(), self.storage.stamp())
+        {
+            if stamp.is_in(&parent) {
+                return Ok(self.clone());
+            }
+        }
+        self.copy_to("leverage", Placement::ParentWorkspace)
+    }
+
+    /// A copy in the open workspace `id` of this thread (ND4J `leverageTo`); unchanged if
+    /// it already lives there; an error if no such workspace exists.
+    pub fn leverage_to(&self, id: &str) -> Result<Tensor> {
+        self.storage.check("leverage_to", "X")?;
+        if self.storage.stamp().is_some_and(|s| s.is_in(id)) {
+            return Ok(self.clone());
+        }
+        self.copy_to("leverage_to", Placement::Workspace(id))
+    }
+
+    /// A copy in the current workspace, or detached if none is current (ND4J `migrate`).
+    pub fn migrate(&self) -> Result<Tensor> {
+        self.copy_to("migrate", Placement::CurrentWorkspace)
+    }
+
+    /// A contiguous copy placed by the allocation flow (ND4J `dup`).
+    pub fn copy(&self) -> Result<Tensor> {
+        self.copy_to("copy", Placement::Auto(self.storage.owner().as_ref()))
+    }
+
+    fn copy_to(&self, op: &str, placement: Placement<'_>) -> Result<Tensor> {
+        self.storage.check(op, "X")?;
+        with_dtype!(self.dtype, T => {
+            let pin = reclaim::pin();
+            let source = self.array::<T>(op, "X", &pin)?;
+            Self::build::<T>(op, &self.shape, placement, |mut out| {
+                out.assign(&source);
+                Ok(())
+            })
+        })
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = f.debug_struct("Tensor");
+        s.field("dtype", &self.dtype).field("shape", &self.shape);
+        if let Some(ws) = self.workspace() {
+            s.field("workspace", &ws);
+        }
+        s.field("valid", &self.is_valid()).finish()
+    }
+}

@@ -1,0 +1,435 @@
+//! Tensor operations: shape logic here, kernels from ndarray (`Zip`, `general_mat_mul`).
+//!
+//! Invariant: every op checks each input (by taking its checked view) and writes only into
+//! a fresh output, placed by the allocation flow with the first input's scope; no op
+//! mutates an input. Argument names follow ND4J's messages: `X`, `Y`.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayViewD, Axis, Ix2, Zip};
+
+use super::storage::Placement;
+use super::{contiguous_strides, element_count, with_dtype, DType, Element, Float, Tensor};
+use crate::error::{Error, Result};
+use crate::reclaim;
+
+/// The shape two shapes broadcast to (NumPy rules), or a shape error naming both.
+fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
+        *slot = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(Error::Shape {
+                    op: op.into(),
+                    message: format!("shapes {a:?} and {b:?} cannot be broadcast together"),
+                })
+            }
+        };
+    }
+    Ok(out)
+}
+
+fn float_only(op: &str, dtype: DType) -> Error {
+    Error::DType {
+        op: op.into(),
+        message: format!("X argument is {dtype}; this op needs f32 or f64"),
+    }
+}
+
+fn check_axis(op: &str, axis: usize, ndim: usize) -> Result<()> {
+    if axis >= ndim {
+        return Err(Error::Shape {
+            op: op.into(),
+            message: format!("axis {axis} is out of range for a tensor of {ndim} axes"),
+        });
+    }
+    Ok(())
+}
+
+impl Tensor {
+    fn same_dtype(&self, op: &str, other: &Tensor) -> Result<()> {
+        if self.dtype != other.dtype {
+            return Err(Error::DType {
+                op: op.into(),
+                message: format!(
+                    "X argument is {} but Y argument is {}",
+                    self.dtype, other.dtype
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Elementwise `f(x, y)` with broadcasting.
+    fn zip_with<T: Element>(
+        &self,
+        op: &str,
+        other: &Tensor,
+        f: impl Fn(T, T) -> T,
+    ) -> Result<Tensor> {
+        self.same_dtype(op, other)?;
+        self.storage.check(op, "X")?;
+        other.storage.check(op, "Y")?;
+        let shape = broadcast_shape(op, &self.shape, &other.shape)?;
+        let owner = self.storage.owner();
+        let pin = reclaim::pin();
+        let x = self.array::<T>(op, "X", &pin)?;
+        let y = other.array::<T>(op, "Y", &pin)?;
+        Tensor::build::<T>(op, &shape, Placement::Auto(owner.as_ref()), |mut out| {
+            let dim = out.raw_dim();
+            Zip::from(&mut out)
+                .and_broadcast(&x.broadcast(dim.clone()).expect("shapes were checked"))
+                .and_broadcast(&y.broadcast(dim).expect("shapes were checked"))
+                .for_each(|o, &a, &b| *o = f(a, b));
+            Ok(())
+        })
+    }
+
+    /// Elementwise `f(x)`.
+    fn map<T: Element, U: Element>(&self, op: &str, f: impl Fn(T) -> U) -> Result<Tensor> {
+        self.storage.check(op, "X")?;
+        let owner = self.storage.owner();
+        let pin = reclaim::pin();
+        let x = self.array::<T>(op, "X", &pin)?;
+        Tensor::build::<U>(
+            op,
+            &self.shape,
+            Placement::Auto(owner.as_ref()),
+            |mut out| {
+                Zip::from(&mut out).and(&x).for_each(|o, &a| *o = f(a));
+                Ok(())
+            },
+        )
+    }
+
+    fn map_float(
+        &self,
+        op: &str,
+        f32_fn: fn(f32) -> f32,
+        f64_fn: fn(f64) -> f64,
+    ) -> Result<Tensor> {
+        match self.dtype {
+            DType::F32 => self.map::<f32, f32>(op, f32_fn),
+            DType::F64 => self.map::<f64, f64>(op, f64_fn),
+            other => Err(float_only(op, other)),
+        }
+    }
+
+    /// `self + other`, broadcasting.
+    pub fn add(&self, other: &Tensor) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => self.zip_with::<T>("add", other, |a, b| a + b))
+    }
+
+    /// `self - other`, broadcasting.
+    pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => self.zip_with::<T>("sub", other, |a, b| a - b))
+    }
+
+    /// `self * other` elementwise, broadcasting.
+    pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => self.zip_with::<T>("mul", other, |a, b| a * b))
+    }
+
+    /// `self / other` elementwise, broadcasting. Integer division by zero is an error.
+    pub fn div(&self, other: &Tensor) -> Result<Tensor> {
+        if !self.dtype.is_float() && other.dtype == self.dtype {
+            let pin = reclaim::pin();
+            let has_zero = with_dtype!(other.dtype, T => other
+                .array::<T>("div", "Y", &pin)?
+                .iter()
+                .any(|v| v.to_f64() == 0.0));
+            if has_zero {
+                return Err(Error::Shape {
+                    op: "div".into(),
+                    message: "Y argument holds a zero: integer division by zero".into(),
+                });
+            }
+        }
+        with_dtype!(self.dtype, T => self.zip_with::<T>("div", other, |a, b| a / b))
+    }
+
+    /// `self + value`.
+    pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => {
+            let v = T::from_f64(value);
+            self.map::<T, T>("add_scalar", move |a| a + v)
+        })
+    }
+
+    /// `self * value`.
+    pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => {
+            let v = T::from_f64(value);
+            self.map::<T, T>("mul_scalar", move |a| a * v)
+        })
+    }
+
+    /// `max(self, 0)`.
+    pub fn relu(&self) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => {
+            let zero = T::from_f64(0.0);
+            self.map::<T, T>("relu", move |a| if a > zero { a } else { zero })
+        })
+    }
+
+    /// The gradient through a ReLU: `grad` where `self > 0`, else 0 (`self` is the ReLU's
+    /// input or output).
+    pub fn relu_backward(&self, grad: &Tensor) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => {
+            let zero = T::from_f64(0.0);
+            self.zip_with::<T>("relu_backward", grad, move |x, g| if x > zero { g } else { zero })
+        })
+    }
+
+    /// `1 / (1 + e^-x)`.
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.map_float(
+            "sigmoid",
+            |x| 1.0 / (1.0 + (-x).exp()),
+            |x| 1.0 / (1.0 + (-x).exp()),
+        )
+    }
+
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.map_float("tanh", f32::tanh, f64::tanh)
+    }
+
+    /// `e^x`.
+    pub fn exp(&self) -> Result<Tensor> {
+        self.map_float("exp", f32::exp, f64::exp)
+    }
+
+    /// Natural logarithm.
+    pub fn log(&self) -> Result<Tensor> {
+        self.map_float("log", f32::ln, f64::ln)
+    }
+
+    /// Sum over `axis` (removing it), or of every element (`None`: a 0-d tensor).
+    pub fn sum(&self, axis: Option<usize>) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => self.reduce::<T>("sum", axis, false))
+    }
+
+    /// Mean over `axis` (removing it), or of every element (`None`).
+    pub fn mean(&self, axis: Option<usize>) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => self.reduce::<T>("mean", axis, true))
+    }
+
+    fn reduce<T: Element>(&self, op: &str, axis: Option<usize>, mean: bool) -> Result<Tensor> {
+        self.storage.check(op, "X")?;
+        let owner = self.storage.owner();
+        let pin = reclaim::pin();
+        let x = self.array::<T>(op, "X", &pin)?;
+        let zero = T::from_f64(0.0);
+        match axis {
+            None => {
+                let n = self.len();
+                let total = x.iter().fold(zero, |acc, v| acc + *v);
+                let value = if mean {
+                    T::from_f64(total.to_f64() / n.max(1) as f64)
+                } else {
+                    total
+                };
+                Tensor::build::<T>(op, &[], Placement::Auto(owner.as_ref()), |mut out| {
+                    out.fill(value);
+                    Ok(())
+                })
+            }
+            Some(axis) => {
+                check_axis(op, axis, self.ndim())?;
+                let n = self.shape[axis];
+                let mut shape = self.shape.clone();
+                shape.remove(axis);
+                Tensor::build::<T>(op, &shape, Placement::Auto(owner.as_ref()), |mut out| {
+                    Zip::from(&mut out)
+                        .and(x.lanes(Axis(axis)))
+                        .for_each(|o, lane| {
+                            let total = lane.iter().fold(zero, |acc, v| acc + *v);
+                            *o = if mean {
+                                T::from_f64(total.to_f64() / n.max(1) as f64)
+                            } else {
+                                total
+                            };
+                        });
+                    Ok(())
+                })
+            }
+        }
+    }
+
+    /// Index of the largest element along `axis` (an `i64` tensor without that axis).
+    pub fn argmax(&self, axis: usize) -> Result<Tensor> {
+        check_axis("argmax", axis, self.ndim())?;
+        self.storage.check("argmax", "X")?;
+        let owner = self.storage.owner();
+        let mut shape = self.shape.clone();
+        shape.remove(axis);
+        with_dtype!(self.dtype, T => {
+            let pin = reclaim::pin();
+            let x = self.array::<T>("argmax", "X", &pin)?;
+            Tensor::build::<i64>("argmax", &shape, Placement::Auto(owner.as_ref()), |mut out| {
+                Zip::from(&mut out).and(x.lanes(Axis(axis))).for_each(|o, lane| {
+                    let mut best = 0;
+                    for (i, v) in lane.iter().enumerate() {
+                        if *v > lane[best] {
+                            best = i;
+                        }
+                    }
+                    *o = best as i64;
+                });
+                Ok(())
+            })
+        })
+    }
+
+    /// Softmax along `axis` (numerically stable: the lane's maximum is subtracted first).
+    pub fn softmax(&self, axis: usize) -> Result<Tensor> {
+        match self.dtype {
+            DType::F32 => self.softmax_typed::<f32>(axis),
+            DType::F64 => self.softmax_typed::<f64>(axis),
+            other => Err(float_only("softmax", other)),
+        }
+    }
+
+    fn softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
+        check_axis("softmax", axis, self.ndim())?;
+        self.storage.check("softmax", "X")?;
+        let owner = self.storage.owner();
+        let pin = reclaim::pin();
+        let x = self.array::<T>("softmax", "X", &pin)?;
+        Tensor::build::<T>(
+            "softmax",
+            &self.shape,
+            Placement::Auto(owner.as_ref()),
+            |mut out| {
+                Zip::from(out.lanes_mut(Axis(axis)))
+                    .and(x.lanes(Axis(axis)))
+                    .for_each(|mut o, lane| {
+                        let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
+                        let mut total = T::zero();
+                        for (o, v) in o.iter_mut().zip(lane.iter()) {
+                            *o = (*v - max).exp();
+                            total = total + *o;
+                        }
+                        o.mapv_inplace(|v| v / total);
+                    });
+                Ok(())
+            },
+        )
+    }
+
+    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`), by matrixmultiply.
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        self.same_dtype("matmul", other)?;
+        if self.ndim() != 2 || other.ndim() != 2 || self.shape[1] != other.shape[0] {
+            return Err(Error::Shape {
+                op: "matmul".into(),
+                message: format!(
+                    "cannot multiply {:?} by {:?}: need [m, k] and [k, n]",
+                    self.shape, other.shape
+                ),
+            });
+        }
+        with_dtype!(self.dtype, T => self.matmul_typed::<T>(other))
+    }
+
+    fn matmul_typed<T: Element>(&self, other: &Tensor) -> Result<Tensor> {
+        self.storage.check("matmul", "X")?;
+        other.storage.check("matmul", "Y")?;
+        let owner = self.storage.owner();
+        let pin = reclaim::pin();
+        let a = two_d(self.array::<T>("matmul", "X", &pin)?);
+        let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
+        let shape = [self.shape[0], other.shape[1]];
+        Tensor::build::<T>("matmul", &shape, Placement::Auto(owner.as_ref()), |out| {
+            let mut c = out.into_dimensionality::<Ix2>().expect("output is 2-d");
+            general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
+            Ok(())
+        })
+    }
+
+    // ---- views: share storage, and so validity ------------------------------------
+
+    /// The axes reversed (a 2-d tensor transposed), without copying.
+    pub fn transpose(&self) -> Result<Tensor> {
+        self.storage.check("transpose", "X")?;
+        let mut t = self.clone();
+        t.shape.reverse();
+        t.strides.reverse();
+        Ok(t)
+    }
+
+    /// The same elements in `shape` (row-major order); a view when the tensor is
+    /// contiguous, else a contiguous copy first.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        self.storage.check("reshape", "X")?;
+        let n = element_count("reshape", shape)?;
+        if n != self.len() {
+            return Err(Error::Shape {
+                op: "reshape".into(),
+                message: format!(
+                    "cannot reshape {:?} ({} elements) into {shape:?}",
+                    self.shape,
+                    self.len()
+                ),
+            });
+        }
+        let base = if self.strides == contiguous_strides(&self.shape) {
+            self.clone()
+        } else {
+            self.copy()?
+        };
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            ..base
+        })
+    }
+
+    /// A read-only broadcast of this tensor to `shape` (NumPy rules), without copying.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
+        self.storage.check("broadcast_to", "X")?;
+        let target = broadcast_shape("broadcast_to", &self.shape, shape)?;
+        if target != shape {
+            return Err(Error::Shape {
+                op: "broadcast_to".into(),
+                message: format!("{:?} cannot be broadcast to {shape:?}", self.shape),
+            });
+        }
+        let lead = shape.len() - self.ndim();
+        let strides = shape
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                if i < lead || self.shape[i - lead] == 1 {
+                    0
+                } else {
+                    self.strides[i - lead]
+                }
+            })
+            .collect();
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            strides,
+            ..self.clone()
+        })
+    }
+}
+
+fn two_d<T>(view: ArrayViewD<'_, T>) -> ndarray::ArrayView2<'_, T> {
+    view.into_dimensionality::<Ix2>()
+        .expect("checked to be 2-d")
+}

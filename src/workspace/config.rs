@@ -1,0 +1,489 @@
+//! Workspace configuration: the policies of SEMANTICS 2.1, a builder, and the
+//! `NDMEM_WORKSPACES` debug mode.
+//!
+//! Invariant: a [`WorkspaceConfig`] value only exists if it passed [`WorkspaceConfigBuilder::build`]
+//! (or is the default), so the arena never sees an invalid combination: sizes are ordered,
+//! `overallocation_limit` is finite and non-negative, `alignment` is a power of two up to
+//! 4096, mmap workspaces can be sized, and circular workspaces have a ring of at least
+//! two slots when they overallocate.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use ndmem_alloc::ConfigError;
+
+use crate::error::Error;
+
+/// The environment variable selecting a workspace debug mode (SEMANTICS 2.5).
+pub const ENV_WORKSPACES: &str = "NDMEM_WORKSPACES";
+
+/// The largest workspace alignment (one page).
+pub const MAX_ALIGNMENT: usize = 4096;
+
+/// How a learned or initial buffer size is turned into the buffer that is allocated.
+///
+/// ND4J: `AllocationPolicy` (`STRICT`, `OVERALLOCATE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AllocationPolicy {
+    /// Allocate exactly the learned or initial size. ND4J: `AllocationPolicy.STRICT`.
+    Strict,
+    /// Multiply the learned or initial size once by `1 + overallocation_limit`.
+    /// ND4J: `AllocationPolicy.OVERALLOCATE`.
+    #[default]
+    Overallocate,
+}
+
+/// When a workspace that starts without a buffer learns its size (SEMANTICS 2.3).
+///
+/// ND4J: `LearningPolicy` (`FIRST_LOOP`, `OVER_TIME`, `NONE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LearningPolicy {
+    /// After the first cycle. ND4J: `LearningPolicy.FIRST_LOOP`.
+    #[default]
+    FirstLoop,
+    /// After `cycles_before_initialization` cycles (at least one), from the largest cycle
+    /// seen. ND4J: `LearningPolicy.OVER_TIME`.
+    OverTime,
+    /// Never: the buffer keeps its initial size. ND4J: `LearningPolicy.NONE`.
+    None,
+}
+
+/// What happens to a request that does not fit in the buffer (SEMANTICS 2.2).
+///
+/// ND4J: `SpillPolicy` (`EXTERNAL`, `REALLOCATE`, `FAIL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SpillPolicy {
+    /// Serve it from the pool for the rest of the cycle; the buffer keeps its size.
+    /// ND4J: `SpillPolicy.EXTERNAL`.
+    #[default]
+    External,
+    /// Serve it from the pool, and grow the buffer to the largest cycle when the cycle ends.
+    /// ND4J: `SpillPolicy.REALLOCATE`.
+    Reallocate,
+    /// Refuse it with [`Error::WorkspaceFull`]. ND4J: `SpillPolicy.FAIL`.
+    Fail,
+}
+
+/// Where the next cycle starts (SEMANTICS 2.2, 2.4).
+///
+/// ND4J: `ResetPolicy` (`BLOCK_LEFT`, `ENDOFBUFFER_REACHED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ResetPolicy {
+    /// Every cycle rewinds to offset 0 and frees the previous cycle's spills.
+    /// ND4J: `ResetPolicy.BLOCK_LEFT`.
+    #[default]
+    BlockLeft,
+    /// The workspace is a ring of slots; a cycle's memory stays valid until the ring wraps
+    /// over it. ND4J: `ResetPolicy.ENDOFBUFFER_REACHED` (a "circular" workspace).
+    EndOfBuffer,
+}
+
+/// Where the buffer lives.
+///
+/// ND4J: `LocationPolicy` (`RAM`, `MMAP`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum LocationPolicy {
+    /// A block of the native pool. ND4J: `LocationPolicy.RAM`.
+    #[default]
+    Ram,
+    /// A memory-mapped file: a temporary file in [`std::env::temp_dir`] removed when the
+    /// buffer is freed (`path: None`), or the given file, created if needed, grown if
+    /// smaller than the buffer and kept afterwards. ND4J: `LocationPolicy.MMAP`.
+    Mmap {
+        /// The file to map, or `None` for a temporary file.
+        path: Option<PathBuf>,
+    },
+}
+
+/// Which sides of a host/device pair a workspace buffer exists on (SEMANTICS 5; only
+/// meaningful with a device).
+///
+/// ND4J: `MirroringPolicy` (`FULL`, `HOST_ONLY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MirroringPolicy {
+    /// Host and device buffers, host copies made lazily. ND4J: `MirroringPolicy.FULL`.
+    #[default]
+    Full,
+    /// Only (pinned) host memory. ND4J: `MirroringPolicy.HOST_ONLY`.
+    HostOnly,
+}
+
+/// A validated workspace configuration (SEMANTICS 2.1). Build it with
+/// [`WorkspaceConfig::builder`]; [`WorkspaceConfig::default`] holds the defaults.
+///
+/// ND4J: `WorkspaceConfiguration`.
+///
+/// ```
+/// use ndmem::{WorkspaceConfig, SpillPolicy};
+///
+/// let cfg = WorkspaceConfig::builder()
+///     .initial_size(1 << 20)
+///     .policy_spill(SpillPolicy::Fail)
+///     .build()?;
+/// assert_eq!(cfg.initial_size(), 1 << 20);
+/// assert!(WorkspaceConfig::builder().alignment(24).build().is_err());
+/// # Ok::<(), ndmem::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkspaceConfig {
+    initial_size: usize,
+    min_size: usize,
+    max_size: usize,
+    overallocation_limit: f64,
+    alignment: usize,
+    policy_allocation: AllocationPolicy,
+    policy_learning: LearningPolicy,
+    cycles_before_initialization: u64,
+    policy_spill: SpillPolicy,
+    policy_reset: ResetPolicy,
+    policy_location: LocationPolicy,
+    policy_mirroring: MirroringPolicy,
+}
+
+impl Default for WorkspaceConfig {
+    /// The defaults of SEMANTICS 2.1: no initial buffer, learned after the first loop,
+    /// overallocated by 30%, 16-byte alignment, external spills, block-left reset, in RAM.
+    fn default() -> Self {
+        WorkspaceConfig {
+            initial_size: 0,
+            min_size: 0,
+            max_size: 0,
+            overallocation_limit: 0.3,
+            alignment: 16,
+            policy_allocation: AllocationPolicy::Overallocate,
+            policy_learning: LearningPolicy::FirstLoop,
+            cycles_before_initialization: 0,
+            policy_spill: SpillPolicy::External,
+            policy_reset: ResetPolicy::BlockLeft,
+            policy_location: LocationPolicy::Ram,
+            policy_mirroring: MirroringPolicy::Full,
+        }
+    }
+}
+
+impl WorkspaceConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> WorkspaceConfigBuilder {
+        WorkspaceConfigBuilder {
+            config: WorkspaceConfig::default(),
+        }
+    }
+
+    /// A builder starting from this configuration (to derive a variant of it).
+    pub fn to_builder(&self) -> WorkspaceConfigBuilder {
+        WorkspaceConfigBuilder {
+            config: self.clone(),
+        }
+    }
+
+    /// Bytes of the buffer created with the workspace (before overallocation); 0: learned.
+    pub fn initial_size(&self) -> usize {
+        self.initial_size
+    }
+
+    /// Smallest learned buffer.
+    pub fn min_size(&self) -> usize {
+        self.min_size
+    }
+
+    /// Largest buffer; 0 means unbounded.
+    pub fn max_size(&self) -> usize {
+        self.max_size
+    }
+
+    /// The overallocation factor minus one (0.3 = 30% more).
+    pub fn overallocation_limit(&self) -> f64 {
+        self.overallocation_limit
+    }
+
+    /// The alignment every allocation's offset is rounded to (at least).
+    pub fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    /// See [`AllocationPolicy`].
+    pub fn policy_allocation(&self) -> AllocationPolicy {
+        self.policy_allocation
+    }
+
+    /// See [`LearningPolicy`].
+    pub fn policy_learning(&self) -> LearningPolicy {
+        self.policy_learning
+    }
+
+    /// Cycles [`LearningPolicy::OverTime`] waits before sizing the buffer (at least one).
+    pub fn cycles_before_initialization(&self) -> u64 {
+        self.cycles_before_initialization
+    }
+
+    /// See [`SpillPolicy`].
+    pub fn policy_spill(&self) -> SpillPolicy {
+        self.policy_spill
+    }
+
+    /// See [`ResetPolicy`].
+    pub fn policy_reset(&self) -> ResetPolicy {
+        self.policy_reset
+    }
+
+    /// See [`LocationPolicy`].
+    pub fn policy_location(&self) -> &LocationPolicy {
+        &self.policy_location
+    }
+
+    /// See [`MirroringPolicy`].
+    pub fn policy_mirroring(&self) -> MirroringPolicy {
+        self.policy_mirroring
+    }
+
+    /// Whether the workspace is a ring ([`ResetPolicy::EndOfBuffer`]).
+    pub fn is_circular(&self) -> bool {
+        self.policy_reset == ResetPolicy::EndOfBuffer
+    }
+
+    /// The factor a learned or initial size is multiplied by once: `1 + limit` with
+    /// [`AllocationPolicy::Overallocate`], 1 with [`AllocationPolicy::Strict`].
+    pub fn overallocation_factor(&self) -> f64 {
+        match self.policy_allocation {
+            AllocationPolicy::Strict => 1.0,
+            AllocationPolicy::Overallocate => 1.0 + self.overallocation_limit,
+        }
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        let invalid = |variable: &str, message: String| {
+            Err(Error::Config(ConfigError::Invalid {
+                variable: format!("WorkspaceConfig::{variable}"),
+                message,
+            }))
+        };
+        if self.max_size > 0 && self.initial_size > self.max_size {
+            return invalid(
+                "initial_size",
+                format!(
+                    "initial_size {} is larger than max_size {} (max_size 0 means unbounded)",
+                    self.initial_size, self.max_size
+                ),
+            );
+        }
+        if self.max_size > 0 && self.min_size > self.max_size {
+            return invalid(
+                "min_size",
+                format!(
+                    "min_size {} is larger than max_size {} (max_size 0 means unbounded)",
+                    self.min_size, self.max_size
+                ),
+            );
+        }
+        if !self.overallocation_limit.is_finite() || self.overallocation_limit < 0.0 {
+            return invalid(
+                "overallocation_limit",
+                format!(
+                    "overallocation_limit {} must be a finite number >= 0 (0.3 = 30% more)",
+                    self.overallocation_limit
+                ),
+            );
+        }
+        if !self.alignment.is_power_of_two() || self.alignment > MAX_ALIGNMENT {
+            return invalid(
+                "alignment",
+                format!(
+                    "alignment {} must be a power of two from 1 to {MAX_ALIGNMENT}",
+                    self.alignment
+                ),
+            );
+        }
+        if matches!(self.policy_location, LocationPolicy::Mmap { .. })
+            && self.policy_learning != LearningPolicy::None
+            && self.initial_size == 0
+        {
+            return invalid(
+                "policy_location",
+                format!(
+                    "policy_location Mmap with policy_learning {:?} and initial_size 0: a mapped \
+                     workspace is not learned; give it an initial_size > 0 (or policy_learning None)",
+                    self.policy_learning
+                ),
+            );
+        }
+        if self.is_circular()
+            && self.policy_allocation == AllocationPolicy::Overallocate
+            && self.overallocation_limit < 1.0
+        {
+            return invalid(
+                "overallocation_limit",
+                format!(
+                    "overallocation_limit {} with policy_reset EndOfBuffer and policy_allocation \
+                     Overallocate gives a ring of fewer than 2 slots; use a limit >= 1.0 \
+                     (slots = floor(1 + limit)) or AllocationPolicy::Strict",
+                    self.overallocation_limit
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`WorkspaceConfig`]; [`WorkspaceConfigBuilder::build`] checks it (SEMANTICS 2.1).
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct WorkspaceConfigBuilder {
+    config: WorkspaceConfig,
+}
+
+impl WorkspaceConfigBuilder {
+    /// Bytes of the buffer created with the workspace, before overallocation [0: learned].
+    /// ND4J: `initialSize`.
+    pub fn initial_size(mut self, bytes: usize) -> Self {
+        self.config.initial_size = bytes;
+        self
+    }
+
+    /// Smallest learned buffer [0]. ND4J: `minSize`.
+    pub fn min_size(mut self, bytes: usize) -> Self {
+        self.config.min_size = bytes;
+        self
+    }
+
+    /// Largest buffer [0 = unbounded]. ND4J: `maxSize`.
+    pub fn max_size(mut self, bytes: usize) -> Self {
+        self.config.max_size = bytes;
+        self
+    }
+
+    /// Overallocation as a fraction [0.3]. ND4J: `overallocationLimit`.
+    pub fn overallocation_limit(mut self, limit: f64) -> Self {
+        self.config.overallocation_limit = limit;
+        self
+    }
+
+    /// Alignment of every allocation, a power of two up to 4096 [16].
+    pub fn alignment(mut self, bytes: usize) -> Self {
+        self.config.alignment = bytes;
+        self
+    }
+
+    /// [`AllocationPolicy`] [Overallocate]. ND4J: `policyAllocation`.
+    pub fn policy_allocation(mut self, policy: AllocationPolicy) -> Self {
+        self.config.policy_allocation = policy;
+        self
+    }
+
+    /// [`LearningPolicy`] [FirstLoop]. ND4J: `policyLearning`.
+    pub fn policy_learning(mut self, policy: LearningPolicy) -> Self {
+        self.config.policy_learning = policy;
+        self
+    }
+
+    /// Cycles [`LearningPolicy::OverTime`] waits [0 = after the first].
+    /// ND4J: `cyclesBeforeInitialization`.
+    pub fn cycles_before_initialization(mut self, cycles: u64) -> Self {
+        self.config.cycles_before_initialization = cycles;
+        self
+    }
+
+    /// [`SpillPolicy`] [External]. ND4J: `policySpill`.
+    pub fn policy_spill(mut self, policy: SpillPolicy) -> Self {
+        self.config.policy_spill = policy;
+        self
+    }
+
+    /// [`ResetPolicy`] [BlockLeft]. ND4J: `policyReset`.
+    pub fn policy_reset(mut self, policy: ResetPolicy) -> Self {
+        self.config.policy_reset = policy;
+        self
+    }
+
+    /// [`LocationPolicy`] [Ram]. ND4J: `policyLocation`.
+    pub fn policy_location(mut self, policy: LocationPolicy) -> Self {
+        self.config.policy_location = policy;
+        self
+    }
+
+    /// [`MirroringPolicy`] [Full]. ND4J: `policyMirroring`.
+    pub fn policy_mirroring(mut self, policy: MirroringPolicy) -> Self {
+        self.config.policy_mirroring = policy;
+        self
+    }
+
+    /// The configuration, or [`Error::Config`] naming the field and value of the first
+    /// invalid setting or combination (SEMANTICS 2.1).
+    pub fn build(self) -> Result<WorkspaceConfig, Error> {
+        self.config.validate()?;
+        Ok(self.config)
+    }
+}
+
+/// A workspace debug mode from `NDMEM_WORKSPACES` (SEMANTICS 2.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DebugMode {
+    /// Workspaces work normally (variable unset or empty).
+    Normal,
+    /// Every allocation spills: the buffers are never used.
+    SpillEverything,
+    /// Workspaces are off: `allocate_in_current` answers `None`.
+    Bypass,
+}
+
+/// Parses a value of `NDMEM_WORKSPACES` (case-insensitive, surrounding spaces ignored).
+pub(crate) fn parse_debug_mode(value: Option<&str>) -> Result<DebugMode, ConfigError> {
+    let Some(value) = value else {
+        return Ok(DebugMode::Normal);
+    };
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(DebugMode::Normal),
+        "spill_everything" => Ok(DebugMode::SpillEverything),
+        "bypass" => Ok(DebugMode::Bypass),
+        _ => Err(ConfigError::Invalid {
+            variable: ENV_WORKSPACES.to_string(),
+            message: format!(
+                "{value:?} is not a workspace debug mode (expected spill_everything, bypass, or unset)"
+            ),
+        }),
+    }
+}
+
+/// The process's debug mode, read from the environment once.
+pub(crate) fn debug_mode() -> Result<DebugMode, Error> {
+    static MODE: OnceLock<Result<DebugMode, ConfigError>> = OnceLock::new();
+    MODE.get_or_init(|| match std::env::var(ENV_WORKSPACES) {
+        Ok(value) => parse_debug_mode(Some(&value)),
+        Err(std::env::VarError::NotPresent) => Ok(DebugMode::Normal),
+        Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
+            variable: ENV_WORKSPACES.to_string(),
+        }),
+    })
+    .clone()
+    .map_err(Error::Config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_modes_parse_and_garbage_is_named() {
+        assert_eq!(parse_debug_mode(None), Ok(DebugMode::Normal));
+        assert_eq!(parse_debug_mode(Some("")), Ok(DebugMode::Normal));
+        assert_eq!(
+            parse_debug_mode(Some(" Spill_Everything ")),
+            Ok(DebugMode::SpillEverything)
+        );
+        assert_eq!(parse_debug_mode(Some("bypass")), Ok(DebugMode::Bypass));
+        let err = parse_debug_mode(Some("bypas")).unwrap_err().to_string();
+        assert!(
+            err.contains(ENV_WORKSPACES) && err.contains("\"bypas\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn overallocation_factor_follows_the_policy() {
+        let strict = WorkspaceConfig::builder()
+            .policy_allocation(AllocationPolicy::Strict)
+            .build()
+            .unwrap();
+        assert_eq!(strict.overallocation_factor(), 1.0);
+        assert_eq!(WorkspaceConfig::default().overallocation_factor(), 1.3);
+    }
+}

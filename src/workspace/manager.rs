@@ -1,0 +1,456 @@
+//! The per-thread workspace manager: which workspaces this thread has, which one is
+//! current, nesting and parents, guards, statistics, and cleanup at thread exit
+//! (SEMANTICS 2.2, 2.5).
+//!
+//! Invariant: the stack of entered workspaces holds exactly one entry per live guard
+//! (a workspace, or "none" for a [`ScopeOut`] guard), and the current workspace is its
+//! top. Guards are `!Send`, so entries are pushed and removed on the thread that owns
+//! them; when the thread exits, the manager's destructor destroys every workspace it
+//! still knows, which frees their memory.
+
+use std::alloc::Layout;
+use std::cell::RefCell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use ndmem_alloc::ByteSize;
+
+use super::arena::Arena;
+use super::config::{debug_mode, WorkspaceConfig};
+use super::stamp::{Shared, WorkspaceMemory};
+use crate::error::Error;
+
+/// What one thread knows about its workspaces.
+struct Manager {
+    /// Every workspace of the thread, in creation order.
+    workspaces: RefCell<Vec<Rc<Arena>>>,
+    /// One entry per live guard; `None` for a scope-out guard.
+    stack: RefCell<Vec<Option<Rc<Arena>>>>,
+}
+
+impl Manager {
+    const fn new() -> Manager {
+        Manager {
+            workspaces: RefCell::new(Vec::new()),
+            stack: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn find(&self, id: &str) -> Option<Rc<Arena>> {
+        self.workspaces
+            .borrow()
+            .iter()
+            .find(|a| a.id() == id)
+            .cloned()
+    }
+
+    /// Removes the topmost stack entry for `arena` (`None`: a scope-out entry).
+    fn pop(&self, arena: Option<&Rc<Arena>>) {
+        let mut stack = self.stack.borrow_mut();
+        let position = stack.iter().rposition(|entry| match (entry, arena) {
+            (Some(a), Some(b)) => Rc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        });
+        if let Some(position) = position {
+            stack.remove(position);
+        }
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        // SEMANTICS 2.2 Decision: a thread's workspaces are freed when it exits.
+        for arena in self.workspaces.get_mut().drain(..) {
+            arena.destroy();
+        }
+        self.stack.get_mut().clear();
+    }
+}
+
+thread_local! {
+    static MANAGER: Manager = const { Manager::new() };
+}
+
+fn thread_exiting(workspace: &str) -> Error {
+    Error::WorkspaceNotOpen {
+        workspace: workspace.to_string(),
+        reason: "the thread is exiting and its workspaces are gone",
+    }
+}
+
+/// The shared state of this thread's workspace `id`, if it exists.
+pub(crate) fn shared_of(id: &str) -> Option<Arc<Shared>> {
+    MANAGER
+        .try_with(|m| m.find(id).map(|a| Arc::clone(a.shared())))
+        .ok()
+        .flatten()
+}
+
+/// This thread's workspace manager (SEMANTICS 2.5). The handle is `!Send`: every thread
+/// has its own workspaces.
+///
+/// ND4J: `Nd4j.getWorkspaceManager()`.
+///
+/// ```
+/// use ndmem::WorkspaceConfig;
+///
+/// let ws = ndmem::workspaces();
+/// let cfg = WorkspaceConfig::default();
+/// for _ in 0..3 {
+///     let guard = ws.get_and_activate(&cfg, "LOOP")?;
+///     let mut v = allocator_api2::vec::Vec::new_in(&guard);
+///     v.extend_from_slice(&[1.0f32; 256]);
+///     assert_eq!(ws.current().as_deref(), Some("LOOP"));
+/// } // each iteration is one cycle; the first one learns the size
+/// let stats = ws.workspace("LOOP").unwrap();
+/// assert!(stats.size >= 1024 && stats.cycles == 3);
+/// ws.destroy("LOOP")?;
+/// # Ok::<(), ndmem::Error>(())
+/// ```
+pub fn workspaces() -> Workspaces {
+    Workspaces {
+        _not_send: PhantomData,
+    }
+}
+
+/// The calling thread's workspace manager; see [`workspaces`].
+#[derive(Debug, Clone, Copy)]
+pub struct Workspaces {
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Workspaces {
+    /// Enters the workspace `id` of this thread, creating it with `config` on first use,
+    /// and returns the guard whose drop leaves it (SEMANTICS 2.2). A new cycle starts
+    /// (generation + 1, BlockLeft rewinds) unless the workspace is already open on this
+    /// thread, in which case only its nesting counter rises. The workspace that was current
+    /// becomes its parent (SEMANTICS 2.5).
+    ///
+    /// An existing workspace keeps the configuration it was created with. Fails on an
+    /// invalid `NDMEM_WORKSPACES`, or if the initial buffer cannot be obtained.
+    ///
+    /// ND4J: `getAndActivateWorkspace(config, id)`.
+    pub fn get_and_activate(
+        &self,
+        config: &WorkspaceConfig,
+        id: &str,
+    ) -> Result<WorkspaceGuard, Error> {
+        let mode = debug_mode()?;
+        MANAGER
+            .try_with(|m| {
+                let arena = match m.find(id) {
+                    Some(arena) => arena,
+                    None => {
+                        let arena = Rc::new(Arena::new(id, config, mode)?);
+                        m.workspaces.borrow_mut().push(Rc::clone(&arena));
+                        arena
+                    }
+                };
+                let mut stack = m.stack.borrow_mut();
+                let parent = stack.last().cloned().flatten();
+                arena.enter(parent.as_ref());
+                stack.push(Some(Rc::clone(&arena)));
+                Ok(WorkspaceGuard {
+                    arena,
+                    _not_send: PhantomData,
+                })
+            })
+            .unwrap_or_else(|_| Err(thread_exiting(id)))
+    }
+
+    /// A guard during which no workspace is current, so allocations go to the pool
+    /// (SEMANTICS 2.5). ND4J: `scopeOutOfWorkspaces()`.
+    pub fn scope_out(&self) -> ScopeOut {
+        let _ = MANAGER.try_with(|m| m.stack.borrow_mut().push(None));
+        ScopeOut {
+            _not_send: PhantomData,
+        }
+    }
+
+    /// The id of this thread's current workspace, if any. ND4J: `getCurrentWorkspace()`.
+    pub fn current(&self) -> Option<String> {
+        MANAGER
+            .try_with(|m| {
+                m.stack
+                    .borrow()
+                    .last()
+                    .cloned()
+                    .flatten()
+                    .map(|a| a.id().to_string())
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Whether this thread has a workspace `id`. ND4J: `checkIfWorkspaceExists(id)`.
+    pub fn exists(&self, id: &str) -> bool {
+        MANAGER.try_with(|m| m.find(id).is_some()).unwrap_or(false)
+    }
+
+    /// Statistics of this thread's workspace `id`, if it exists. ND4J: `getWorkspaceForCurrentThread(id)`.
+    pub fn workspace(&self, id: &str) -> Option<WorkspaceStats> {
+        MANAGER
+            .try_with(|m| m.find(id).map(|a| a.stats()))
+            .ok()
+            .flatten()
+    }
+
+    /// Statistics of every workspace of this thread, in creation order.
+    pub fn statistics(&self) -> Vec<WorkspaceStats> {
+        MANAGER
+            .try_with(|m| m.workspaces.borrow().iter().map(|a| a.stats()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The statistics as a table, one line per workspace. ND4J: `printAllocationStatistics()`.
+    pub fn allocation_statistics(&self) -> String {
+        let stats = self.statistics();
+        let mut out = format!(
+            "Workspaces of thread {:?}: {}\n",
+            std::thread::current().id(),
+            stats.len()
+        );
+        for s in &stats {
+            out.push_str(&s.to_string());
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Prints [`Workspaces::allocation_statistics`] to standard output.
+    pub fn print_allocation_statistics(&self) {
+        print!("{}", self.allocation_statistics());
+    }
+
+    /// Destroys this thread's workspace `id`: its memory is freed (at once, or when its last
+    /// guard leaves if it is open) and memory it handed out becomes invalid (SEMANTICS 2.2,
+    /// 3). A later `get_and_activate` with the same id creates a new workspace.
+    /// ND4J: `destroyWorkspace(ws)`.
+    pub fn destroy(&self, id: &str) -> Result<(), Error> {
+        let arena = MANAGER
+            .try_with(|m| {
+                let mut list = m.workspaces.borrow_mut();
+                let position = list.iter().position(|a| a.id() == id)?;
+                Some(list.remove(position))
+            })
+            .ok()
+            .flatten()
+            .ok_or_else(|| Error::NoSuchWorkspace {
+                workspace: id.to_string(),
+            })?;
+        arena.destroy();
+        Ok(())
+    }
+
+    /// Destroys every workspace of this thread; returns how many there were.
+    /// ND4J: `destroyAllWorkspacesForCurrentThread()`.
+    pub fn destroy_all_for_current_thread(&self) -> usize {
+        let all: Vec<Rc<Arena>> = MANAGER
+            .try_with(|m| m.workspaces.borrow_mut().drain(..).collect())
+            .unwrap_or_default();
+        for arena in &all {
+            arena.destroy();
+        }
+        all.len()
+    }
+}
+
+/// The guard of one entry into a workspace: while it lives the workspace is open (and
+/// current unless another was entered since); dropping it leaves the workspace, and the
+/// last guard of a cycle ends the cycle (SEMANTICS 2.2).
+///
+/// `&WorkspaceGuard` is an [`allocator_api2::alloc::Allocator`]: collections built on it
+/// live in the workspace and, by borrowing the guard, cannot outlive the cycle.
+///
+/// ```
+/// use allocator_api2::vec::Vec;
+///
+/// let ws = ndmem::workspaces();
+/// let guard = ws.get_and_activate(&ndmem::WorkspaceConfig::default(), "DOC_GUARD")?;
+/// let mut squares: Vec<u64, _> = Vec::new_in(&guard);
+/// squares.extend((0..100u64).map(|i| i * i));
+/// assert_eq!(squares[99], 9801);
+/// // drop(guard) here would not compile: `squares` borrows it.
+/// # drop(squares);
+/// # Ok::<(), ndmem::Error>(())
+/// ```
+///
+/// ND4J: the `MemoryWorkspace` returned by `notifyScopeEntered`, closed by `close()`.
+pub struct WorkspaceGuard {
+    arena: Rc<Arena>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl WorkspaceGuard {
+    pub(crate) fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
+    /// The workspace id.
+    pub fn id(&self) -> &str {
+        self.arena.id()
+    }
+
+    /// Allocates `layout` in the workspace: a bump in its buffer, or a spill by policy
+    /// (SEMANTICS 2.2). The memory is valid until the cycle ends.
+    ///
+    /// Zero-size requests succeed with a dangling pointer aligned to
+    /// max(alignment, `layout.align()`) that takes no workspace bytes. Requests whose
+    /// padded size overflows fail with [`Error::Alloc`] (`InvalidLayout`); a full
+    /// workspace with [`crate::SpillPolicy::Fail`] fails with [`Error::WorkspaceFull`]
+    /// and leaves the offset unchanged; a destroyed workspace fails with
+    /// [`Error::WorkspaceNotOpen`].
+    #[inline]
+    pub fn alloc(&self, layout: Layout) -> Result<NonNull<[u8]>, Error> {
+        self.arena.alloc(layout)
+    }
+
+    /// [`WorkspaceGuard::alloc`] returning the memory with its validity [`super::Stamp`].
+    pub fn alloc_memory(&self, layout: Layout) -> Result<WorkspaceMemory, Error> {
+        self.arena.alloc_memory(layout)
+    }
+
+    /// The workspace's current generation (cycle number, from 1).
+    pub fn generation(&self) -> u64 {
+        self.arena.stats().generation
+    }
+
+    /// A snapshot of the workspace's statistics.
+    pub fn stats(&self) -> WorkspaceStats {
+        self.arena.stats()
+    }
+}
+
+impl fmt::Debug for WorkspaceGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkspaceGuard")
+            .field("workspace", &self.arena.id())
+            .finish()
+    }
+}
+
+impl Drop for WorkspaceGuard {
+    fn drop(&mut self) {
+        let _ = MANAGER.try_with(|m| m.pop(Some(&self.arena)));
+        self.arena.leave();
+    }
+}
+
+/// A guard during which no workspace is current ([`Workspaces::scope_out`]); dropping it
+/// restores the previous current workspace.
+#[derive(Debug)]
+#[must_use = "scope_out() has no effect once its guard is dropped"]
+pub struct ScopeOut {
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for ScopeOut {
+    fn drop(&mut self) {
+        let _ = MANAGER.try_with(|m| m.pop(None));
+    }
+}
+
+/// Figures of one workspace (SEMANTICS 2.5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceStats {
+    /// The workspace id.
+    pub id: String,
+    /// Bytes of the buffer (what the pool or the mapped file really holds), 0 before learning.
+    pub size: usize,
+    /// Bytes bumped this cycle, alignment padding included, spills excluded (0 when closed).
+    pub used: usize,
+    /// The largest cycle seen: bumped plus spilled bytes.
+    pub max_cycle: usize,
+    /// Bytes spilled this cycle (0 when closed: BlockLeft frees them at cycle end).
+    pub spilled_bytes: usize,
+    /// Bytes of spills a circular workspace keeps for later cycles (ND4J's pinned allocations).
+    pub pinned_bytes: usize,
+    /// Bytes spilled over the workspace's life.
+    pub total_spilled_bytes: u64,
+    /// Cycles completed.
+    pub cycles: u64,
+    /// Cycles started (the generation of the current or last cycle).
+    pub generation: u64,
+    /// Whether a cycle is running.
+    pub open: bool,
+    /// Whether the workspace is circular ([`crate::ResetPolicy::EndOfBuffer`]).
+    pub circular: bool,
+    /// Slots of a circular workspace's ring (0 for others, or before the ring exists).
+    pub slots: usize,
+}
+
+impl fmt::Display for WorkspaceStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[{}] size {}, used {}, max cycle {}, spilled {}, pinned {}, cycles {}, generation {}{}{}",
+            self.id,
+            ByteSize(self.size),
+            ByteSize(self.used),
+            ByteSize(self.max_cycle),
+            ByteSize(self.spilled_bytes),
+            ByteSize(self.pinned_bytes),
+            self.cycles,
+            self.generation,
+            if self.open { ", open" } else { "" },
+            if self.circular {
+                format!(", circular ({} slots)", self.slots)
+            } else {
+                String::new()
+            },
+        )
+    }
+}
+
+/// Allocates in this thread's current workspace, if any: `None` when no workspace is
+/// current, inside [`Workspaces::scope_out`], or with `NDMEM_WORKSPACES=bypass`.
+pub fn allocate_in_current(layout: Layout) -> Option<Result<WorkspaceMemory, Error>> {
+    MANAGER
+        .try_with(|m| match m.stack.borrow().last() {
+            Some(Some(arena)) if !arena.is_bypassed() => Some(arena.alloc_memory(layout)),
+            _ => None,
+        })
+        .ok()
+        .flatten()
+}
+
+/// Allocates in the parent of the current workspace (the one that was current when its
+/// cycle started); `None` if there is none (or no current workspace, or bypass mode).
+pub fn allocate_in_parent(layout: Layout) -> Option<Result<WorkspaceMemory, Error>> {
+    let parent = MANAGER
+        .try_with(|m| match m.stack.borrow().last() {
+            Some(Some(arena)) if !arena.is_bypassed() => arena.parent(),
+            _ => None,
+        })
+        .ok()
+        .flatten()?;
+    Some(parent.alloc_memory(layout))
+}
+
+/// The id of the parent of the current workspace (see [`allocate_in_parent`]), if any.
+pub fn parent_of_current() -> Option<String> {
+    MANAGER
+        .try_with(|m| match m.stack.borrow().last() {
+            Some(Some(arena)) if !arena.is_bypassed() => arena.parent(),
+            _ => None,
+        })
+        .ok()
+        .flatten()
+        .map(|parent| parent.id().to_string())
+}
+
+/// Allocates in the workspace `id` of this thread: [`Error::NoSuchWorkspace`] if it does
+/// not exist, [`Error::WorkspaceNotOpen`] if no cycle of it is running.
+pub fn allocate_in(id: &str, layout: Layout) -> Result<WorkspaceMemory, Error> {
+    let arena = MANAGER
+        .try_with(|m| m.find(id))
+        .map_err(|_| thread_exiting(id))?
+        .ok_or_else(|| Error::NoSuchWorkspace {
+            workspace: id.to_string(),
+        })?;
+    arena.alloc_memory(layout)
+}

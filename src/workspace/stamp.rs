@@ -1,0 +1,282 @@
+//! Validity stamps: how memory handed out by a workspace knows whether it may still be
+//! used (SEMANTICS 3).
+//!
+//! Invariant: a workspace's whole lifecycle state is one `AtomicU64` (`generation << 2 |
+//! DESTROYED | OPEN`) written only by the owning thread, so a [`Stamp`] decides with one
+//! load: the memory is usable iff the word equals the word at allocation time (open, not
+//! destroyed, same generation) and the caller is the owner thread. Circular workspaces only
+//! test `DESTROYED`, and their stamps own a reference to the memory itself, so a consumer on
+//! another thread can never read freed memory.
+
+use std::cell::Cell;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::ThreadId;
+
+use crate::error::Error;
+
+const OPEN: u64 = 1;
+const DESTROYED: u64 = 2;
+const GENERATION_SHIFT: u32 = 2;
+
+/// A number naming the calling thread, unique for the life of the process (never reused,
+/// unlike addresses of thread-locals). Costs one thread-local read once assigned.
+pub(crate) fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TOKEN: Cell<u64> = const { Cell::new(0) };
+    }
+    TOKEN
+        .try_with(|t| {
+            let token = t.get();
+            if token != 0 {
+                return token;
+            }
+            let token = NEXT.fetch_add(1, Ordering::Relaxed);
+            t.set(token);
+            token
+        })
+        // Thread-locals are being torn down: no live token can match 0.
+        .unwrap_or(0)
+}
+
+/// The state of one workspace shared with every stamp of its memory.
+pub(crate) struct Shared {
+    id: Box<str>,
+    owner_token: u64,
+    owner: ThreadId,
+    circular: bool,
+    state: AtomicU64,
+}
+
+impl Shared {
+    /// State of a new workspace of the calling thread: closed, generation 0.
+    pub(crate) fn new(id: &str, circular: bool) -> Shared {
+        Shared {
+            id: id.into(),
+            owner_token: thread_token(),
+            owner: std::thread::current().id(),
+            circular,
+            state: AtomicU64::new(0),
+        }
+    }
+
+    /// The workspace id.
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Marks the start of cycle `generation`.
+    pub(crate) fn open(&self, generation: u64) {
+        self.state
+            .store(generation << GENERATION_SHIFT | OPEN, Ordering::Release);
+    }
+
+    /// Marks the end of the current cycle.
+    pub(crate) fn close(&self, generation: u64) {
+        self.state
+            .store(generation << GENERATION_SHIFT, Ordering::Release);
+    }
+
+    /// Marks the workspace destroyed, for good.
+    pub(crate) fn destroy(&self) {
+        // Only the owner thread writes the word, so load-then-store loses nothing.
+        let state = self.state.load(Ordering::Relaxed);
+        self.state
+            .store((state | DESTROYED) & !OPEN, Ordering::Release);
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.load(Ordering::Relaxed);
+        f.debug_struct("Shared")
+            .field("id", &self.id)
+            .field("owner", &self.owner)
+            .field("circular", &self.circular)
+            .field("generation", &(state >> GENERATION_SHIFT))
+            .field("open", &(state & OPEN != 0))
+            .field("destroyed", &(state & DESTROYED != 0))
+            .finish()
+    }
+}
+
+/// Something that keeps memory alive while a stamp of a circular workspace exists.
+pub(crate) type KeepAlive = Arc<dyn Send + Sync>;
+
+/// A cheap, clonable validity token for workspace memory (SEMANTICS 3): the workspace's
+/// shared state and the generation the memory was allocated in. `Send + Sync`, so a tensor
+/// may carry it to another thread, where [`Stamp::check`] refuses it unless the workspace
+/// is circular.
+#[derive(Clone)]
+pub struct Stamp {
+    shared: Arc<Shared>,
+    /// The state word at allocation time: `generation << 2 | OPEN`.
+    expected: u64,
+    /// For circular workspaces: the buffer or spill block holding the memory.
+    keep_alive: Option<KeepAlive>,
+}
+
+impl Stamp {
+    /// A stamp for memory allocated now, in cycle `generation` of the workspace.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        generation: u64,
+        keep_alive: Option<KeepAlive>,
+    ) -> Stamp {
+        Stamp {
+            shared,
+            expected: generation << GENERATION_SHIFT | OPEN,
+            keep_alive,
+        }
+    }
+
+    /// SEMANTICS 3: `Ok` if the memory may be used now from this thread; otherwise
+    /// [`Error::LeakedWorkspacePointer`] (workspace left or destroyed),
+    /// [`Error::OutdatedWorkspacePointer`] (a newer cycle started) or [`Error::WrongThread`],
+    /// naming `op`, `arg` and the workspace.
+    ///
+    /// One atomic load and a thread-token compare. Circular workspaces are exempt from the
+    /// open/generation and thread checks: only "destroyed" is an error (their memory stays
+    /// valid until the ring wraps over it; whoever hands it across threads tracks the ring).
+    #[inline]
+    pub fn check(&self, op: &str, arg: &str) -> Result<(), Error> {
+        let state = self.shared.state.load(Ordering::Acquire);
+        if self.shared.circular {
+            if state & DESTROYED == 0 {
+                return Ok(());
+            }
+        } else if state == self.expected && thread_token() == self.shared.owner_token {
+            return Ok(());
+        }
+        Err(self.refusal(state, op, arg))
+    }
+
+    #[cold]
+    fn refusal(&self, state: u64, op: &str, arg: &str) -> Error {
+        let workspace = self.shared.id.to_string();
+        if state & DESTROYED != 0 || state & OPEN == 0 {
+            return Error::LeakedWorkspacePointer {
+                op: op.to_string(),
+                arg: arg.to_string(),
+                workspace,
+            };
+        }
+        if state != self.expected {
+            return Error::OutdatedWorkspacePointer {
+                op: op.to_string(),
+                arg: arg.to_string(),
+                workspace,
+                allocated_in: self.generation(),
+                current: state >> GENERATION_SHIFT,
+            };
+        }
+        Error::WrongThread {
+            op: op.to_string(),
+            arg: arg.to_string(),
+            workspace,
+            owner: self.shared.owner,
+            current: std::thread::current().id(),
+        }
+    }
+
+    /// The id of the workspace the memory lives in.
+    pub fn workspace_id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// The generation (cycle number, from 1) the memory was allocated in.
+    pub fn generation(&self) -> u64 {
+        self.expected >> GENERATION_SHIFT
+    }
+
+    /// Whether the workspace is circular ([`crate::ResetPolicy::EndOfBuffer`]).
+    pub fn is_circular(&self) -> bool {
+        self.shared.circular
+    }
+
+    /// Whether this memory lives in the workspace `id` of this thread (the same workspace,
+    /// not one created later under the same id), for leverage's "unchanged if it already
+    /// lives there".
+    pub fn is_in(&self, id: &str) -> bool {
+        &*self.shared.id == id
+            && self.shared.owner_token == thread_token()
+            && super::manager::shared_of(id).is_some_and(|s| Arc::ptr_eq(&s, &self.shared))
+    }
+
+    /// Whether two stamps come from the same workspace (and so the same thread).
+    pub fn same_workspace(&self, other: &Stamp) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl fmt::Debug for Stamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stamp")
+            .field("workspace", &self.shared.id)
+            .field("generation", &self.generation())
+            .field("circular", &self.shared.circular)
+            .field("keeps_memory_alive", &self.keep_alive.is_some())
+            .finish()
+    }
+}
+
+/// Where a workspace allocation lives and how to check it is still valid.
+///
+/// The pointer is only a location: dereferencing it is the caller's business (under
+/// `unsafe`, after [`Stamp::check`] returned `Ok` on the thread doing the access).
+#[derive(Debug, Clone)]
+pub struct WorkspaceMemory {
+    /// The first byte, aligned to at least the requested alignment and the workspace's.
+    pub ptr: NonNull<u8>,
+    /// Bytes requested (0 for a zero-size request, whose pointer is dangling).
+    pub len: usize,
+    /// The validity token.
+    pub stamp: Stamp,
+}
+
+// `WorkspaceMemory` is `Send + Sync` through impls in the arena module, which holds all of
+// the workspace's unsafe code: the pointer is a plain address whose use is guarded by the stamp.
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_tokens_differ_between_threads_and_are_stable() {
+        let here = thread_token();
+        assert_eq!(here, thread_token());
+        let there = std::thread::spawn(thread_token).join().unwrap();
+        assert_ne!(here, there);
+        assert_ne!(here, 0);
+    }
+
+    #[test]
+    fn a_stamp_follows_the_state_word() {
+        let shared = Arc::new(Shared::new("T", false));
+        shared.open(1);
+        let stamp = Stamp::new(shared.clone(), 1, None);
+        assert!(stamp.check("op", "X").is_ok());
+        shared.close(1);
+        assert!(matches!(
+            stamp.check("op", "X"),
+            Err(Error::LeakedWorkspacePointer { .. })
+        ));
+        shared.open(2);
+        assert!(matches!(
+            stamp.check("op", "X"),
+            Err(Error::OutdatedWorkspacePointer {
+                allocated_in: 1,
+                current: 2,
+                ..
+            })
+        ));
+        shared.destroy();
+        assert!(matches!(
+            stamp.check("op", "X"),
+            Err(Error::LeakedWorkspacePointer { .. })
+        ));
+    }
+}

@@ -1,0 +1,174 @@
+//! Tensor ops give plain ndarray's results (f32 and f64, broadcasting, transposed inputs),
+//! and shape and dtype mismatches are errors (SEMANTICS 3 for checked access).
+
+use ndarray::{array, Array2, ArrayD, Axis, IxDyn};
+use ndmem::{DType, Error, Tensor};
+
+fn arr<T: ndmem::Element>(t: &Tensor) -> ArrayD<T> {
+    ArrayD::from_shape_vec(IxDyn(t.shape()), t.to_vec::<T>().unwrap()).unwrap()
+}
+
+fn close(a: &ArrayD<f64>, b: &ArrayD<f64>) {
+    assert_eq!(a.shape(), b.shape());
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= 1e-12 * (1.0 + y.abs()), "{a} != {b}");
+    }
+}
+
+#[test]
+fn elementwise_ops_match_ndarray_with_broadcasting_f64() {
+    let a = array![[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]].into_dyn();
+    let b = array![10.0, 20.0, 30.0].into_dyn();
+    let ta = Tensor::from_slice(a.as_slice().unwrap(), &[2, 3]).unwrap();
+    let tb = Tensor::from_slice(b.as_slice().unwrap(), &[3]).unwrap();
+    close(&arr(&ta.add(&tb).unwrap()), &(&a + &b));
+    close(&arr(&ta.sub(&tb).unwrap()), &(&a - &b));
+    close(&arr(&ta.mul(&tb).unwrap()), &(&a * &b));
+    close(&arr(&ta.div(&tb).unwrap()), &(&a / &b));
+    close(&arr(&tb.sub(&ta).unwrap()), &(&b - &a));
+    close(&arr(&ta.add_scalar(1.5).unwrap()), &(&a + 1.5));
+    close(&arr(&ta.mul_scalar(-2.0).unwrap()), &(&a * -2.0));
+    let col = Tensor::from_slice(&[1.0, 2.0], &[2, 1]).unwrap();
+    close(
+        &arr(&ta.add(&col).unwrap()),
+        &(&a + &array![[1.0], [2.0]].into_dyn()),
+    );
+}
+
+#[test]
+fn unary_ops_match_ndarray_f32() {
+    let data = [-2.0f32, -0.5, 0.0, 0.25, 1.0, 3.0];
+    let a = ArrayD::from_shape_vec(IxDyn(&[2, 3]), data.to_vec()).unwrap();
+    let t = Tensor::from_slice(&data, &[2, 3]).unwrap();
+    assert_eq!(arr::<f32>(&t.relu().unwrap()), a.mapv(|x| x.max(0.0)));
+    assert_eq!(arr::<f32>(&t.tanh().unwrap()), a.mapv(f32::tanh));
+    assert_eq!(arr::<f32>(&t.exp().unwrap()), a.mapv(f32::exp));
+    assert_eq!(
+        arr::<f32>(&t.sigmoid().unwrap()),
+        a.mapv(|x| 1.0 / (1.0 + (-x).exp()))
+    );
+    let pos = t.exp().unwrap();
+    assert_eq!(arr::<f32>(&pos.log().unwrap()), a.mapv(f32::exp).mapv(f32::ln));
+}
+
+#[test]
+fn matmul_matches_ndarray_including_transposed_inputs() {
+    let a = Array2::from_shape_fn((3, 4), |(i, j)| (i * 4 + j) as f64 * 0.5 - 2.0);
+    let b = Array2::from_shape_fn((4, 2), |(i, j)| (i as f64 + 1.0) / (j as f64 + 2.0));
+    let ta = Tensor::from_slice(a.as_slice().unwrap(), &[3, 4]).unwrap();
+    let tb = Tensor::from_slice(b.as_slice().unwrap(), &[4, 2]).unwrap();
+    close(&arr(&ta.matmul(&tb).unwrap()), &a.dot(&b).into_dyn());
+    // a^T a: the transposed view is non-contiguous.
+    let tat = ta.transpose().unwrap();
+    assert_eq!(tat.shape(), &[4, 3]);
+    close(&arr(&tat.matmul(&ta).unwrap()), &a.t().dot(&a).into_dyn());
+    // Elementwise on a transposed view.
+    close(
+        &arr(&tat.add_scalar(1.0).unwrap()),
+        &(&a.t().to_owned() + 1.0).into_dyn(),
+    );
+    let af = a.mapv(|x| x as f32);
+    let taf = Tensor::from_slice(af.as_slice().unwrap(), &[3, 4]).unwrap();
+    let got = arr::<f32>(&taf.matmul(&taf.transpose().unwrap()).unwrap());
+    assert_eq!(got, af.dot(&af.t()).into_dyn());
+}
+
+#[test]
+fn reductions_and_softmax_match_ndarray() {
+    let a = Array2::from_shape_fn((3, 5), |(i, j)| ((i * 5 + j) as f64).sin()).into_dyn();
+    let t = Tensor::from_slice(a.as_slice().unwrap(), &[3, 5]).unwrap();
+    close(&arr(&t.sum(Some(0)).unwrap()), &a.sum_axis(Axis(0)));
+    close(&arr(&t.sum(Some(1)).unwrap()), &a.sum_axis(Axis(1)));
+    close(&arr(&t.mean(Some(1)).unwrap()), &a.mean_axis(Axis(1)).unwrap());
+    assert!((t.sum(None).unwrap().scalar().unwrap() - a.sum()).abs() < 1e-12);
+    assert!((t.mean(None).unwrap().scalar().unwrap() - a.mean().unwrap()).abs() < 1e-12);
+    let s = arr::<f64>(&t.softmax(1).unwrap());
+    let e = a.mapv(f64::exp);
+    let expected = &e / &e.sum_axis(Axis(1)).insert_axis(Axis(1));
+    close(&s, &expected);
+    // Softmax of a transposed view along axis 0 equals the transpose of softmax along 1.
+    let st = arr::<f64>(&t.transpose().unwrap().softmax(0).unwrap());
+    close(&st, &expected.t().to_owned());
+    let am = t.argmax(1).unwrap();
+    assert_eq!(am.dtype(), DType::I64);
+    let expected_am: Vec<i64> = a
+        .lanes(Axis(1))
+        .into_iter()
+        .map(|l| {
+            l.iter()
+                .enumerate()
+                .fold((0, f64::MIN), |b, (i, v)| if *v > b.1 { (i, *v) } else { b })
+                .0 as i64
+        })
+        .collect();
+    assert_eq!(am.to_vec::<i64>().unwrap(), expected_am);
+}
+
+#[test]
+fn views_reshape_and_broadcast_share_memory() {
+    let t = Tensor::from_slice(&[1i32, 2, 3, 4, 5, 6], &[2, 3]).unwrap();
+    let r = t.reshape(&[3, 2]).unwrap();
+    assert!(r.shares_storage(&t));
+    assert_eq!(r.to_vec::<i32>().unwrap(), vec![1, 2, 3, 4, 5, 6]);
+    let tt = t.transpose().unwrap();
+    assert!(tt.shares_storage(&t));
+    assert_eq!(tt.to_vec::<i32>().unwrap(), vec![1, 4, 2, 5, 3, 6]);
+    let flat = tt.reshape(&[6]).unwrap();
+    assert!(!flat.shares_storage(&t), "a non-contiguous reshape copies");
+    assert_eq!(flat.to_vec::<i32>().unwrap(), vec![1, 4, 2, 5, 3, 6]);
+    let row = Tensor::from_slice(&[7i32, 8, 9], &[3]).unwrap();
+    let b = row.broadcast_to(&[2, 3]).unwrap();
+    assert!(b.shares_storage(&row));
+    assert_eq!(b.to_vec::<i32>().unwrap(), vec![7, 8, 9, 7, 8, 9]);
+    assert_eq!(b.add(&t).unwrap().to_vec::<i32>().unwrap(), vec![8, 10, 12, 11, 13, 15]);
+    let view = t.view::<i32>().unwrap();
+    assert_eq!(view[[1, 2]], 6);
+}
+
+#[test]
+fn creation_functions_fill_as_documented() {
+    assert_eq!(Tensor::zeros(DType::U8, &[3]).unwrap().to_vec::<u8>().unwrap(), vec![0; 3]);
+    assert_eq!(Tensor::ones(DType::I64, &[2]).unwrap().to_vec::<i64>().unwrap(), vec![1; 2]);
+    assert_eq!(
+        Tensor::full(DType::F32, &[2, 2], 2.5).unwrap().to_vec::<f32>().unwrap(),
+        vec![2.5; 4]
+    );
+    let r1 = Tensor::rand(DType::F64, &[100], 7).unwrap().to_vec::<f64>().unwrap();
+    let r2 = Tensor::rand(DType::F64, &[100], 7).unwrap().to_vec::<f64>().unwrap();
+    let r3 = Tensor::rand(DType::F64, &[100], 8).unwrap().to_vec::<f64>().unwrap();
+    assert_eq!(r1, r2, "same seed, same values");
+    assert_ne!(r1, r3);
+    assert!(r1.iter().all(|v| (0.0..1.0).contains(v)));
+    let v = Tensor::from_vec(vec![1.0f32, 2.0], &[2, 1]).unwrap();
+    assert_eq!(v.shape(), &[2, 1]);
+    let empty = Tensor::zeros(DType::F32, &[0, 4]).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(empty.sum(Some(0)).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 4]);
+}
+
+#[test]
+fn mismatches_are_errors() {
+    let a = Tensor::zeros(DType::F32, &[2, 3]).unwrap();
+    let b = Tensor::zeros(DType::F32, &[4]).unwrap();
+    let c = Tensor::zeros(DType::F64, &[2, 3]).unwrap();
+    let i = Tensor::zeros(DType::I32, &[2, 3]).unwrap();
+    let msg = |e: Error| e.to_string();
+    assert!(matches!(a.add(&b), Err(Error::Shape { .. })));
+    assert!(msg(a.add(&b).unwrap_err()).contains("[2, 3] and [4]"));
+    assert!(matches!(a.add(&c), Err(Error::DType { .. })));
+    assert!(msg(a.mul(&c).unwrap_err()).contains("f32") );
+    assert!(matches!(a.matmul(&a), Err(Error::Shape { .. })));
+    assert!(matches!(i.exp(), Err(Error::DType { .. })));
+    assert!(matches!(i.softmax(0), Err(Error::DType { .. })));
+    assert!(matches!(a.sum(Some(2)), Err(Error::Shape { .. })));
+    assert!(matches!(a.reshape(&[7]), Err(Error::Shape { .. })));
+    assert!(matches!(a.broadcast_to(&[3, 3]), Err(Error::Shape { .. })));
+    assert!(matches!(a.to_vec::<f64>(), Err(Error::DType { .. })));
+    assert!(matches!(Tensor::from_slice(&[1.0f32; 5], &[2, 3]), Err(Error::Shape { .. })));
+    assert!(matches!(
+        Tensor::zeros(DType::F64, &[usize::MAX, 2]),
+        Err(Error::Shape { .. })
+    ));
+    let ones = Tensor::ones(DType::I32, &[2, 3]).unwrap();
+    assert!(ones.div(&i).is_err(), "integer division by zero");
+}
