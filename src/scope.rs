@@ -276,6 +276,11 @@ impl Scope {
         Tensor::zeros_in_scope(dtype, shape, &self.shared)
     }
 
+    /// A tensor of ones owned by this scope.
+    pub fn ones(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Tensor::full_in_scope(dtype, shape, 1.0, &self.shared)
+    }
+
     /// A tensor of `value`s owned by this scope.
     pub fn full(&self, dtype: DType, shape: &[usize], value: f64) -> Result<Tensor> {
         Tensor::full_in_scope(dtype, shape, value, &self.shared)

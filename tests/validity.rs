@@ -1,0 +1,274 @@
+//! The scope-panic matrix of SEMANTICS 3: every misuse of workspace memory is an error
+//! naming the op, the argument and the workspace; the four fixes of ND4J's guide work.
+
+use ndmem::{workspaces, DType, Error, ResetPolicy, Tensor, WorkspaceConfig};
+
+fn cfg() -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .initial_size(1 << 20)
+        .build()
+        .unwrap()
+}
+
+fn leaked(result: Result<Tensor, Error>, op: &str, arg: &str, ws: &str) {
+    match result {
+        Err(Error::LeakedWorkspacePointer {
+            op: o,
+            arg: a,
+            workspace,
+        }) => {
+            assert_eq!((o.as_str(), a.as_str(), workspace.as_str()), (op, arg, ws));
+        }
+        other => panic!("expected a leaked pointer error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_tensor_used_after_its_workspace_closed_is_leaked() {
+    // SEMANTICS 3: workspace no longer open -> LeakedWorkspacePointer.
+    let ws = workspaces();
+    let x = {
+        let _g = ws.get_and_activate(&cfg(), "LOOP_EXTERNAL").unwrap();
+        Tensor::ones(DType::F32, &[4]).unwrap()
+    };
+    assert_eq!(x.workspace(), Some("LOOP_EXTERNAL"));
+    let y = Tensor::ones(DType::F32, &[4]).unwrap();
+    leaked(x.add(&y), "add", "X", "LOOP_EXTERNAL");
+    leaked(y.add(&x), "add", "Y", "LOOP_EXTERNAL");
+    let msg = x.add(&y).unwrap_err().to_string();
+    assert_eq!(
+        msg,
+        "Op [add] X argument uses leaked workspace pointer from workspace [LOOP_EXTERNAL]"
+    );
+    assert!(x.to_vec::<f32>().is_err());
+    assert!(!x.is_valid());
+}
+
+#[test]
+fn a_tensor_from_an_earlier_cycle_is_outdated() {
+    // SEMANTICS 3: open but newer generation -> OutdatedWorkspacePointer.
+    let ws = workspaces();
+    let g1 = ws.get_and_activate(&cfg(), "WS").unwrap();
+    let old = Tensor::ones(DType::F64, &[3]).unwrap();
+    let generation = g1.generation();
+    drop(g1);
+    let _g2 = ws.get_and_activate(&cfg(), "WS").unwrap();
+    let fresh = Tensor::ones(DType::F64, &[3]).unwrap();
+    match fresh.mul(&old) {
+        Err(Error::OutdatedWorkspacePointer {
+            op,
+            arg,
+            workspace,
+            allocated_in,
+            current,
+        }) => {
+            assert_eq!(
+                (op.as_str(), arg.as_str(), workspace.as_str()),
+                ("mul", "Y", "WS")
+            );
+            assert_eq!(allocated_in, generation);
+            assert_eq!(current, generation + 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    let msg = old.exp().unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!(
+            "(allocated in generation {generation}, now {})",
+            generation + 1
+        )),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_tensor_of_a_destroyed_workspace_is_leaked_even_through_views() {
+    let ws = workspaces();
+    let (x, view, reshaped) = {
+        let _g = ws.get_and_activate(&cfg(), "DESTROYED").unwrap();
+        let x = Tensor::rand(DType::F32, &[2, 3], 1).unwrap();
+        let view = x.transpose().unwrap();
+        let reshaped = x.reshape(&[6]).unwrap();
+        (x, view, reshaped)
+    };
+    ws.destroy("DESTROYED").unwrap();
+    leaked(x.relu(), "relu", "X", "DESTROYED");
+    leaked(view.relu(), "relu", "X", "DESTROYED");
+    leaked(reshaped.sum(None), "sum", "X", "DESTROYED");
+    assert!(view.to_vec::<f32>().is_err());
+}
+
+#[test]
+fn views_and_reshapes_inherit_validity_within_the_cycle_and_lose_it_after() {
+    let ws = workspaces();
+    let (t, r) = {
+        let _g = ws.get_and_activate(&cfg(), "VIEWS").unwrap();
+        let x = Tensor::rand(DType::F32, &[4, 4], 2).unwrap();
+        let t = x.transpose().unwrap();
+        let r = x.reshape(&[16]).unwrap();
+        assert!(t.matmul(&x).is_ok(), "valid inside the cycle");
+        assert_eq!(r.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+        (t, r)
+    };
+    leaked(t.matmul(&t), "matmul", "X", "VIEWS");
+    leaked(r.reshape(&[4, 4]), "reshape", "X", "VIEWS");
+}
+
+#[test]
+fn moving_data_out_checks_the_source_first() {
+    // SEMANTICS 3: the check also runs in detach / leverage / leverage_to / migrate.
+    let ws = workspaces();
+    let x = {
+        let _g = ws.get_and_activate(&cfg(), "MOVE").unwrap();
+        Tensor::ones(DType::F32, &[2]).unwrap()
+    };
+    leaked(x.detach(), "detach", "X", "MOVE");
+    leaked(x.leverage(), "leverage", "X", "MOVE");
+    leaked(x.leverage_to("MOVE"), "leverage_to", "X", "MOVE");
+    leaked(x.migrate(), "migrate", "X", "MOVE");
+}
+
+#[test]
+fn fix_1_detach_makes_a_tensor_valid_forever() {
+    let ws = workspaces();
+    let kept = {
+        let _g = ws.get_and_activate(&cfg(), "FIX1").unwrap();
+        let y = Tensor::full(DType::F32, &[3], 2.0)
+            .unwrap()
+            .mul_scalar(3.0)
+            .unwrap();
+        let kept = y.detach().unwrap();
+        assert_eq!(kept.workspace(), None);
+        kept
+    };
+    ws.destroy("FIX1").unwrap();
+    assert_eq!(kept.to_vec::<f32>().unwrap(), vec![6.0; 3]);
+    assert_eq!(
+        kept.add_scalar(1.0).unwrap().to_vec::<f32>().unwrap(),
+        vec![7.0; 3]
+    );
+}
+
+#[test]
+fn fix_2_scope_out_allocates_outside_any_workspace() {
+    let ws = workspaces();
+    let kept = {
+        let _g = ws.get_and_activate(&cfg(), "FIX2").unwrap();
+        let _out = ws.scope_out();
+        assert_eq!(ws.current(), None);
+        Tensor::ones(DType::F32, &[3]).unwrap()
+    };
+    assert_eq!(kept.workspace(), None);
+    assert_eq!(kept.to_vec::<f32>().unwrap(), vec![1.0; 3]);
+}
+
+#[test]
+fn fix_3_leverage_copies_into_the_parent_workspace() {
+    let ws = workspaces();
+    let _outer = ws.get_and_activate(&cfg(), "OUTER").unwrap();
+    let kept = {
+        let _inner = ws.get_and_activate(&cfg(), "INNER").unwrap();
+        let y = Tensor::ones(DType::F32, &[3])
+            .unwrap()
+            .add_scalar(1.0)
+            .unwrap();
+        assert_eq!(y.workspace(), Some("INNER"));
+        let kept = y.leverage().unwrap();
+        assert_eq!(kept.workspace(), Some("OUTER"));
+        let again = kept.leverage().unwrap();
+        assert!(
+            again.shares_storage(&kept),
+            "already in the parent: unchanged"
+        );
+        kept
+    };
+    assert_eq!(ws.current().as_deref(), Some("OUTER"));
+    assert_eq!(kept.to_vec::<f32>().unwrap(), vec![2.0; 3]);
+}
+
+#[test]
+fn leverage_without_a_parent_detaches() {
+    let ws = workspaces();
+    let kept = {
+        let _g = ws.get_and_activate(&cfg(), "LONELY").unwrap();
+        Tensor::ones(DType::F32, &[2]).unwrap().leverage().unwrap()
+    };
+    assert_eq!(kept.workspace(), None);
+    assert!(kept.is_valid());
+}
+
+#[test]
+fn fix_4_leverage_to_copies_into_a_named_open_workspace() {
+    let ws = workspaces();
+    let _outer = ws.get_and_activate(&cfg(), "TARGET").unwrap();
+    let kept = {
+        let _a = ws.get_and_activate(&cfg(), "MIDDLE").unwrap();
+        let _b = ws.get_and_activate(&cfg(), "DEEP").unwrap();
+        let y = Tensor::ones(DType::I32, &[2]).unwrap();
+        assert!(matches!(
+            y.leverage_to("NOPE"),
+            Err(Error::NoSuchWorkspace { .. })
+        ));
+        y.leverage_to("TARGET").unwrap()
+    };
+    assert_eq!(kept.workspace(), Some("TARGET"));
+    assert_eq!(kept.to_vec::<i32>().unwrap(), vec![1, 1]);
+}
+
+#[test]
+fn migrate_copies_into_the_current_workspace() {
+    let ws = workspaces();
+    let pool_tensor = Tensor::ones(DType::F32, &[2]).unwrap();
+    let _g = ws.get_and_activate(&cfg(), "MIGRATE").unwrap();
+    let moved = pool_tensor.migrate().unwrap();
+    assert_eq!(moved.workspace(), Some("MIGRATE"));
+    assert_eq!(moved.to_vec::<f32>().unwrap(), vec![1.0; 2]);
+}
+
+#[test]
+fn a_workspace_tensor_sent_to_another_thread_is_refused_there() {
+    let ws = workspaces();
+    let _g = ws.get_and_activate(&cfg(), "OWNED").unwrap();
+    let x = Tensor::ones(DType::F32, &[8]).unwrap();
+    let err = std::thread::scope(|s| s.spawn(|| x.add_scalar(1.0).unwrap_err()).join().unwrap());
+    match err {
+        Error::WrongThread {
+            op, arg, workspace, ..
+        } => {
+            assert_eq!(
+                (op.as_str(), arg.as_str(), workspace.as_str()),
+                ("add_scalar", "X", "OWNED")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let copy = x.detach().unwrap();
+    let sent = std::thread::scope(|s| s.spawn(|| copy.to_vec::<f32>().unwrap()).join().unwrap());
+    assert_eq!(sent, vec![1.0; 8], "a detached copy crosses threads");
+}
+
+#[test]
+fn circular_workspaces_are_exempt_from_the_generation_check() {
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(1 << 20)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(2.0)
+        .build()
+        .unwrap();
+    let first = {
+        let _g = ws.get_and_activate(&cfg, "RING").unwrap();
+        Tensor::full(DType::F32, &[16], 3.0).unwrap()
+    };
+    {
+        let _g = ws.get_and_activate(&cfg, "RING").unwrap();
+        let second = Tensor::ones(DType::F32, &[16]).unwrap();
+        assert_eq!(
+            first.add(&second).unwrap().to_vec::<f32>().unwrap(),
+            vec![4.0; 16]
+        );
+    }
+    assert!(first.is_valid(), "valid until the ring wraps over it");
+    ws.destroy("RING").unwrap();
+    leaked(first.relu(), "relu", "X", "RING");
+}
