@@ -535,10 +535,11 @@ impl Arena {
             }
             return;
         }
-        if spilled && self.config.policy_spill() == SpillPolicy::Reallocate {
-            if self.grow_at.get().is_none() {
-                self.grow_at.set(Some(generation + PINNED_CYCLES));
-            }
+        if spilled
+            && self.config.policy_spill() == SpillPolicy::Reallocate
+            && self.grow_at.get().is_none()
+        {
+            self.grow_at.set(Some(generation + PINNED_CYCLES));
         }
         if self.grow_at.get().is_some_and(|at| generation >= at) {
             self.grow_at.set(None);
