@@ -1,0 +1,87 @@
+//! `NDMEM_WORKSPACES` debug modes (SEMANTICS 2.5). The variable is read once per process,
+//! so the test runs itself again as a child process for each value.
+
+use std::alloc::Layout;
+use std::process::Command;
+
+use ndmem::workspace::{allocate_in_current, ENV_WORKSPACES};
+use ndmem::{workspaces, Error, WorkspaceConfig};
+
+/// Set in the child: which scenario to check.
+const CHILD: &str = "NDMEM_TEST_WORKSPACE_MODE_CHILD";
+
+fn child(scenario: &str) {
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(1 << 20)
+        .build()
+        .unwrap();
+    let layout = Layout::from_size_align(1000, 16).unwrap();
+    match scenario {
+        "spill_everything" => {
+            for _ in 0..3 {
+                let g = ws.get_and_activate(&cfg, "DEBUG").unwrap();
+                g.alloc(layout).unwrap();
+                let m = allocate_in_current(layout)
+                    .expect("workspaces are on")
+                    .unwrap();
+                m.stamp.check("add", "X").unwrap();
+                let s = g.stats();
+                assert_eq!((s.size, s.used, s.spilled_bytes), (0, 0, 2016), "{s:?}");
+            }
+            assert_eq!(
+                ws.workspace("DEBUG").unwrap().size,
+                0,
+                "never learns either"
+            );
+        }
+        "bypass" => {
+            let g = ws.get_and_activate(&cfg, "DEBUG").unwrap();
+            assert_eq!(ws.current().as_deref(), Some("DEBUG"));
+            assert!(
+                allocate_in_current(layout).is_none(),
+                "allocations go to the pool"
+            );
+            g.alloc(layout).unwrap(); // the guard's allocator still works, by spilling
+            assert_eq!(g.stats().size, 0);
+        }
+        "garbage" => match ws.get_and_activate(&cfg, "DEBUG") {
+            Err(Error::Config(e)) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains(ENV_WORKSPACES) && message.contains("\"spill_all\""),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a configuration error, got {other:?}"),
+        },
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+#[test]
+fn debug_modes_from_the_environment() {
+    if let Ok(scenario) = std::env::var(CHILD) {
+        child(&scenario);
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for (scenario, value) in [
+        ("spill_everything", "spill_everything"),
+        ("bypass", "BYPASS"),
+        ("garbage", "spill_all"),
+    ] {
+        let out = Command::new(&exe)
+            .args(["--exact", "debug_modes_from_the_environment", "--nocapture"])
+            .env(CHILD, scenario)
+            .env(ENV_WORKSPACES, value)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{scenario}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
