@@ -39,6 +39,9 @@ pub(crate) fn defer_free(block: Block<'static>) {
         drop(block);
         PENDING.fetch_sub(bytes, Ordering::Relaxed);
     });
+    // Hand the garbage to the global queue now, so that a loop reusing one shape gets its
+    // blocks back in the pool's cache within a couple of epochs, not after 64 deferrals.
+    guard.flush();
     drop(guard);
     if pending > AUTO_COLLECT_BYTES {
         collect();

@@ -282,7 +282,10 @@ impl Tensor {
         self.storage.stamp().map(|s| s.workspace_id())
     }
 
-    /// Whether the tensor may be used now from this thread (SEMANTICS 3, 4).
+    /// Whether the tensor may be used now from this thread (SEMANTICS 3, 4). This is the
+    /// check every op runs on each argument: one atomic load (plus a thread-token compare
+    /// for workspace memory).
+    #[inline]
     pub fn is_valid(&self) -> bool {
         self.storage.check("is_valid", "X").is_ok()
     }
