@@ -106,6 +106,14 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// An in-place op on a tensor whose memory other handles (clones, views) share.
+    #[error("Op [{op}] writes in place, but {others} other handle(s) share this tensor's memory; copy() it first")]
+    SharedTensor {
+        /// The in-place operation.
+        op: String,
+        /// How many other handles share the memory.
+        others: usize,
+    },
     /// Shapes do not fit the operation.
     #[error("Op [{op}]: {message}")]
     Shape {

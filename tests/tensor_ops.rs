@@ -48,7 +48,10 @@ fn unary_ops_match_ndarray_f32() {
         a.mapv(|x| 1.0 / (1.0 + (-x).exp()))
     );
     let pos = t.exp().unwrap();
-    assert_eq!(arr::<f32>(&pos.log().unwrap()), a.mapv(f32::exp).mapv(f32::ln));
+    assert_eq!(
+        arr::<f32>(&pos.log().unwrap()),
+        a.mapv(f32::exp).mapv(f32::ln)
+    );
 }
 
 #[test]
@@ -79,7 +82,10 @@ fn reductions_and_softmax_match_ndarray() {
     let t = Tensor::from_slice(a.as_slice().unwrap(), &[3, 5]).unwrap();
     close(&arr(&t.sum(Some(0)).unwrap()), &a.sum_axis(Axis(0)));
     close(&arr(&t.sum(Some(1)).unwrap()), &a.sum_axis(Axis(1)));
-    close(&arr(&t.mean(Some(1)).unwrap()), &a.mean_axis(Axis(1)).unwrap());
+    close(
+        &arr(&t.mean(Some(1)).unwrap()),
+        &a.mean_axis(Axis(1)).unwrap(),
+    );
     assert!((t.sum(None).unwrap().scalar().unwrap() - a.sum()).abs() < 1e-12);
     assert!((t.mean(None).unwrap().scalar().unwrap() - a.mean().unwrap()).abs() < 1e-12);
     let s = arr::<f64>(&t.softmax(1).unwrap());
@@ -97,7 +103,10 @@ fn reductions_and_softmax_match_ndarray() {
         .map(|l| {
             l.iter()
                 .enumerate()
-                .fold((0, f64::MIN), |b, (i, v)| if *v > b.1 { (i, *v) } else { b })
+                .fold(
+                    (0, f64::MIN),
+                    |b, (i, v)| if *v > b.1 { (i, *v) } else { b },
+                )
                 .0 as i64
         })
         .collect();
@@ -120,22 +129,49 @@ fn views_reshape_and_broadcast_share_memory() {
     let b = row.broadcast_to(&[2, 3]).unwrap();
     assert!(b.shares_storage(&row));
     assert_eq!(b.to_vec::<i32>().unwrap(), vec![7, 8, 9, 7, 8, 9]);
-    assert_eq!(b.add(&t).unwrap().to_vec::<i32>().unwrap(), vec![8, 10, 12, 11, 13, 15]);
+    assert_eq!(
+        b.add(&t).unwrap().to_vec::<i32>().unwrap(),
+        vec![8, 10, 12, 11, 13, 15]
+    );
     let view = t.view::<i32>().unwrap();
     assert_eq!(view[[1, 2]], 6);
 }
 
 #[test]
 fn creation_functions_fill_as_documented() {
-    assert_eq!(Tensor::zeros(DType::U8, &[3]).unwrap().to_vec::<u8>().unwrap(), vec![0; 3]);
-    assert_eq!(Tensor::ones(DType::I64, &[2]).unwrap().to_vec::<i64>().unwrap(), vec![1; 2]);
     assert_eq!(
-        Tensor::full(DType::F32, &[2, 2], 2.5).unwrap().to_vec::<f32>().unwrap(),
+        Tensor::zeros(DType::U8, &[3])
+            .unwrap()
+            .to_vec::<u8>()
+            .unwrap(),
+        vec![0; 3]
+    );
+    assert_eq!(
+        Tensor::ones(DType::I64, &[2])
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap(),
+        vec![1; 2]
+    );
+    assert_eq!(
+        Tensor::full(DType::F32, &[2, 2], 2.5)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
         vec![2.5; 4]
     );
-    let r1 = Tensor::rand(DType::F64, &[100], 7).unwrap().to_vec::<f64>().unwrap();
-    let r2 = Tensor::rand(DType::F64, &[100], 7).unwrap().to_vec::<f64>().unwrap();
-    let r3 = Tensor::rand(DType::F64, &[100], 8).unwrap().to_vec::<f64>().unwrap();
+    let r1 = Tensor::rand(DType::F64, &[100], 7)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+    let r2 = Tensor::rand(DType::F64, &[100], 7)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+    let r3 = Tensor::rand(DType::F64, &[100], 8)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
     assert_eq!(r1, r2, "same seed, same values");
     assert_ne!(r1, r3);
     assert!(r1.iter().all(|v| (0.0..1.0).contains(v)));
@@ -143,7 +179,10 @@ fn creation_functions_fill_as_documented() {
     assert_eq!(v.shape(), &[2, 1]);
     let empty = Tensor::zeros(DType::F32, &[0, 4]).unwrap();
     assert!(empty.is_empty());
-    assert_eq!(empty.sum(Some(0)).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 4]);
+    assert_eq!(
+        empty.sum(Some(0)).unwrap().to_vec::<f32>().unwrap(),
+        vec![0.0; 4]
+    );
 }
 
 #[test]
@@ -156,7 +195,7 @@ fn mismatches_are_errors() {
     assert!(matches!(a.add(&b), Err(Error::Shape { .. })));
     assert!(msg(a.add(&b).unwrap_err()).contains("[2, 3] and [4]"));
     assert!(matches!(a.add(&c), Err(Error::DType { .. })));
-    assert!(msg(a.mul(&c).unwrap_err()).contains("f32") );
+    assert!(msg(a.mul(&c).unwrap_err()).contains("f32"));
     assert!(matches!(a.matmul(&a), Err(Error::Shape { .. })));
     assert!(matches!(i.exp(), Err(Error::DType { .. })));
     assert!(matches!(i.softmax(0), Err(Error::DType { .. })));
@@ -164,11 +203,52 @@ fn mismatches_are_errors() {
     assert!(matches!(a.reshape(&[7]), Err(Error::Shape { .. })));
     assert!(matches!(a.broadcast_to(&[3, 3]), Err(Error::Shape { .. })));
     assert!(matches!(a.to_vec::<f64>(), Err(Error::DType { .. })));
-    assert!(matches!(Tensor::from_slice(&[1.0f32; 5], &[2, 3]), Err(Error::Shape { .. })));
+    assert!(matches!(
+        Tensor::from_slice(&[1.0f32; 5], &[2, 3]),
+        Err(Error::Shape { .. })
+    ));
     assert!(matches!(
         Tensor::zeros(DType::F64, &[usize::MAX, 2]),
         Err(Error::Shape { .. })
     ));
     let ones = Tensor::ones(DType::I32, &[2, 3]).unwrap();
     assert!(ones.div(&i).is_err(), "integer division by zero");
+}
+
+#[test]
+fn in_place_updates_need_the_only_handle() {
+    let mut w = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let g = Tensor::from_slice(&[10.0f32, 20.0, 30.0], &[3]).unwrap();
+    w.scaled_add(-0.1, &g).unwrap();
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![0.0, 0.0, 0.0]);
+    w.assign(&Tensor::full(DType::F32, &[1], 4.0).unwrap())
+        .unwrap();
+    assert_eq!(
+        w.to_vec::<f32>().unwrap(),
+        vec![4.0; 3],
+        "assign broadcasts"
+    );
+    let reader = w.clone();
+    match w.assign(&g) {
+        Err(Error::SharedTensor { op, others }) => assert_eq!((op.as_str(), others), ("assign", 1)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        reader.to_vec::<f32>().unwrap(),
+        vec![4.0; 3],
+        "the shared memory is untouched"
+    );
+    drop(reader);
+    assert!(
+        w.assign(&g.reshape(&[3, 1]).unwrap()).is_err(),
+        "must broadcast to w's shape"
+    );
+    let mut i = Tensor::zeros(DType::I32, &[3]).unwrap();
+    assert!(matches!(i.assign(&g), Err(Error::DType { .. })));
+    // A scope-owned tensor updates in place too (the scope's reference is not a handle).
+    let scope = ndmem::Scope::new_base("params");
+    let mut p = scope.ones(DType::F64, &[2, 2]).unwrap();
+    p.scaled_add(2.0, &Tensor::ones(DType::F64, &[2]).unwrap())
+        .unwrap();
+    assert_eq!(p.to_vec::<f64>().unwrap(), vec![3.0; 4]);
 }

@@ -5,7 +5,7 @@
 //! mutates an input. Argument names follow ND4J's messages: `X`, `Y`.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayViewD, Axis, Ix2, Zip};
+use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
 
 use super::storage::Placement;
 use super::{contiguous_strides, element_count, with_dtype, DType, Element, Float, Tensor};
@@ -359,6 +359,58 @@ impl Tensor {
             general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
             Ok(())
         })
+    }
+
+    // ---- in place: only on the sole handle of a tensor ---------------------------
+
+    /// Copies `src` (broadcast to this shape) into this tensor's memory (ND4J `assign`).
+    /// Needs the only handle to the memory ([`Error::SharedTensor`] otherwise).
+    pub fn assign(&mut self, src: &Tensor) -> Result<()> {
+        with_dtype!(self.dtype, T => self.update::<T>("assign", src, |_, s| s))
+    }
+
+    /// `self += alpha * x` in place (BLAS `axpy`; an SGD step is `w.scaled_add(-lr, &g)`).
+    /// Needs the only handle to the memory.
+    pub fn scaled_add(&mut self, alpha: f64, x: &Tensor) -> Result<()> {
+        with_dtype!(self.dtype, T => {
+            let alpha = T::from_f64(alpha);
+            self.update::<T>("scaled_add", x, move |d, s| d + alpha * s)
+        })
+    }
+
+    fn update<T: Element>(&mut self, op: &str, src: &Tensor, f: impl Fn(T, T) -> T) -> Result<()> {
+        self.same_dtype(op, src)?;
+        let shape = broadcast_shape(op, &self.shape, &src.shape)?;
+        if shape != self.shape {
+            return Err(Error::Shape {
+                op: op.into(),
+                message: format!(
+                    "Y argument {:?} does not broadcast to {:?}",
+                    src.shape, self.shape
+                ),
+            });
+        }
+        src.storage.check(op, "Y")?;
+        let pin = reclaim::pin();
+        let source = src.array::<T>(op, "Y", &pin)?;
+        // `src` cannot alias: a second handle to this memory makes the write below refuse.
+        let (shape, strides, offset) = (self.shape.clone(), self.strides.clone(), self.offset);
+        let bytes = super::storage::Storage::write_exclusive(&mut self.storage, op, &pin)?;
+        let data: &mut [T] = bytemuck::cast_slice_mut(bytes);
+        let layout = ndarray::IxDyn(&shape).strides(ndarray::IxDyn(&strides));
+        let mut dest =
+            ndarray::ArrayViewMutD::from_shape(layout, &mut data[offset..]).map_err(|_| {
+                Error::Shape {
+                    op: op.into(),
+                    message:
+                        "X argument is a broadcast view; its elements alias and cannot be written"
+                            .into(),
+                }
+            })?;
+        Zip::from(&mut dest)
+            .and_broadcast(&source)
+            .for_each(|d, &s| *d = f(*d, s));
+        Ok(())
     }
 
     // ---- views: share storage, and so validity ------------------------------------

@@ -183,6 +183,30 @@ impl Storage {
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.bytes) })
     }
 
+    /// The bytes, writable, after the validity check, if `this` is the only handle to the
+    /// storage (a scope that owns it holds one more reference, which never reads or writes
+    /// data); otherwise [`Error::SharedTensor`].
+    pub(crate) fn write_exclusive<'a>(
+        this: &'a mut Arc<Storage>,
+        op: &str,
+        _pin: &Pin,
+    ) -> Result<&'a mut [u8]> {
+        let owners = 1 + usize::from(this.owner().is_some());
+        let handles = Arc::strong_count(this);
+        if handles != owners {
+            return Err(Error::SharedTensor {
+                op: op.into(),
+                others: handles.saturating_sub(owners),
+            });
+        }
+        this.check(op, "X")?;
+        // SAFETY: the check passed (the memory is live, see `read`), and no other handle
+        // exists: `&mut` to the only tensor-side `Arc` excludes every other reader or
+        // writer (the owning scope's reference never touches the bytes, and if it frees
+        // them concurrently the pin keeps the block until this borrow ends).
+        Ok(unsafe { std::slice::from_raw_parts_mut(this.ptr.as_ptr(), this.bytes) })
+    }
+
     /// The workspace stamp, for workspace-backed storage.
     pub(crate) fn stamp(&self) -> Option<&Stamp> {
         match &self.home {
