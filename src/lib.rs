@@ -19,3 +19,8 @@ pub use workspace::{
     workspaces, AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy,
     SpillPolicy, WorkspaceConfig, WorkspaceGuard, WorkspaceStats,
 };
+
+/// The README's examples are compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -63,7 +63,7 @@ pub(crate) use with_dtype;
 /// let b = Tensor::ones(DType::F32, &[2])?;
 /// let c = a.add(&b)?.matmul(&a.transpose()?)?;   // broadcasting, then 2x2 @ 2x2
 /// assert_eq!(c.shape(), &[2, 2]);
-/// assert_eq!(c.to_vec::<f32>()?, vec![13.0, 23.0, 23.0, 41.0]);
+/// assert_eq!(c.to_vec::<f32>()?, vec![8.0, 18.0, 14.0, 32.0]);
 /// # Ok::<(), ndmem::Error>(())
 /// ```
 #[derive(Clone)]
