@@ -372,6 +372,11 @@ impl Arena {
         self.depth.get() > 0 && !self.destroyed.get()
     }
 
+    /// The generation of the current or last cycle.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.get()
+    }
+
     /// The workspace that was current when this cycle started, if it still exists.
     pub(crate) fn parent(&self) -> Option<Rc<Arena>> {
         self.parent.borrow().upgrade()
@@ -564,6 +569,7 @@ impl Arena {
             return;
         }
         self.shared.destroy();
+        self.limit.set(0);
         if self.depth.get() == 0 {
             self.release_all();
         }
@@ -611,26 +617,43 @@ impl Arena {
 
     #[inline]
     fn place(&self, layout: Layout) -> Result<(NonNull<u8>, Placement), Error> {
-        if self.depth.get() == 0 || self.destroyed.get() {
-            return Err(self.not_open());
-        }
         let size = layout.size();
         let align = self.align.max(layout.align());
-        if size == 0 {
-            return Ok((dangling(align), Placement::Empty));
-        }
         let base = self.base.get();
         let offset = self.offset.get();
         let pad = (base as usize).wrapping_add(offset).wrapping_neg() & (align - 1);
-        if let Some(end) = offset.checked_add(pad).and_then(|o| o.checked_add(size)) {
-            if end <= self.limit.get() {
-                self.offset.set(end);
-                // SAFETY: `offset + pad < end <= limit <= size`, and `base` points to a live
-                // buffer of `size` bytes whenever `limit > 0`, so the result stays inside it
-                // and is not null.
-                let ptr = unsafe { NonNull::new_unchecked(base.add(offset + pad)) };
-                return Ok((ptr, Placement::Bumped));
+        // `limit` is 0 unless a cycle is running, so a left or destroyed workspace never
+        // passes this test. `pad + size` cannot overflow: `pad` is below the larger of the
+        // workspace alignment (at most 4096) and `layout.align()`, and a Layout's size plus
+        // its alignment fits in isize.
+        if size != 0 {
+            if let Some(end) = offset.checked_add(pad + size) {
+                if end <= self.limit.get() {
+                    self.offset.set(end);
+                    // SAFETY: `offset + pad < end <= limit <= size`, and `base` points to a
+                    // live buffer of `size` bytes whenever `limit > 0`, so the result stays
+                    // inside it and is not null.
+                    let ptr = unsafe { NonNull::new_unchecked(base.add(offset + pad)) };
+                    return Ok((ptr, Placement::Bumped));
+                }
             }
+        }
+        self.place_slow(layout, align, pad)
+    }
+
+    /// Everything but a bump: a closed workspace, a zero-size request, or a spill.
+    #[cold]
+    fn place_slow(
+        &self,
+        layout: Layout,
+        align: usize,
+        pad: usize,
+    ) -> Result<(NonNull<u8>, Placement), Error> {
+        if self.depth.get() == 0 || self.destroyed.get() {
+            return Err(self.not_open());
+        }
+        if layout.size() == 0 {
+            return Ok((dangling(align), Placement::Empty));
         }
         self.spill(layout, align, pad)
     }

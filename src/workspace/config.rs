@@ -89,6 +89,13 @@ pub enum LocationPolicy {
     /// A memory-mapped file: a temporary file in [`std::env::temp_dir`] removed when the
     /// buffer is freed (`path: None`), or the given file, created if needed, grown if
     /// smaller than the buffer and kept afterwards. ND4J: `LocationPolicy.MMAP`.
+    ///
+    /// The buffer is `initial_size` (x the overallocation factor) rounded up to whole pages;
+    /// its bytes count against the pool's `max_bytes` like a pool block. Within a process a
+    /// file is mapped by one workspace at a time (a second one is refused); writing to the
+    /// file from another process while it is mapped is not supported. Without an
+    /// `initial_size` (which needs `LearningPolicy::None`) there is no file and every
+    /// allocation spills to the pool.
     Mmap {
         /// The file to map, or `None` for a temporary file.
         path: Option<PathBuf>,

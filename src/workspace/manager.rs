@@ -279,6 +279,24 @@ impl Workspaces {
 /// # Ok::<(), ndmem::Error>(())
 /// ```
 ///
+/// Values allocated through the guard cannot outlive it, so they cannot see the cycle end:
+///
+/// ```compile_fail,E0505
+/// let ws = ndmem::workspaces();
+/// let guard = ws.get_and_activate(&ndmem::WorkspaceConfig::default(), "DOC_BORROW").unwrap();
+/// let v = allocator_api2::vec::Vec::<u8, _>::new_in(&guard);
+/// drop(guard); // error[E0505]: cannot move out of `guard` because it is borrowed
+/// drop(v);
+/// ```
+///
+/// and a guard stays on the thread that owns the workspace:
+///
+/// ```compile_fail,E0277
+/// fn send<T: Send>(_: T) {}
+/// let ws = ndmem::workspaces();
+/// send(ws.get_and_activate(&ndmem::WorkspaceConfig::default(), "DOC_SEND").unwrap());
+/// ```
+///
 /// ND4J: the `MemoryWorkspace` returned by `notifyScopeEntered`, closed by `close()`.
 pub struct WorkspaceGuard {
     arena: Rc<Arena>,
@@ -316,7 +334,7 @@ impl WorkspaceGuard {
 
     /// The workspace's current generation (cycle number, from 1).
     pub fn generation(&self) -> u64 {
-        self.arena.stats().generation
+        self.arena.generation()
     }
 
     /// A snapshot of the workspace's statistics.
@@ -409,13 +427,16 @@ impl fmt::Display for WorkspaceStats {
 /// Allocates in this thread's current workspace, if any: `None` when no workspace is
 /// current, inside [`Workspaces::scope_out`], or with `NDMEM_WORKSPACES=bypass`.
 pub fn allocate_in_current(layout: Layout) -> Option<Result<WorkspaceMemory, Error>> {
-    MANAGER
+    // The stack is not borrowed while allocating: a spill may run the pool's reclaimers,
+    // which may drop tensors and so call back into this module.
+    let current = MANAGER
         .try_with(|m| match m.stack.borrow().last() {
-            Some(Some(arena)) if !arena.is_bypassed() => Some(arena.alloc_memory(layout)),
+            Some(Some(arena)) if !arena.is_bypassed() => Some(Rc::clone(arena)),
             _ => None,
         })
         .ok()
-        .flatten()
+        .flatten()?;
+    Some(current.alloc_memory(layout))
 }
 
 /// Allocates in the parent of the current workspace (the one that was current when its
