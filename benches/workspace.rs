@@ -6,6 +6,7 @@
 //!   1/100 of a cycle (enter + leave, or reset) to each figure.
 //! - `cycle_1000x4KiB/<impl>`: a whole cycle of 1000 allocations of 4 KiB, each written,
 //!   then everything released (guard drop, reset, or 1000 frees).
+//! - `enter_leave/workspace`: entering and leaving a learned workspace (an empty cycle).
 //! - Before criterion runs, minor page faults per cycle after learning are printed, read
 //!   from /proc/self/stat (the same counter getrusage's ru_minflt reports).
 //!
@@ -171,6 +172,17 @@ fn bump_scope_cycle(bump: &mut bump_scope::Bump) {
     bump.reset();
 }
 
+/// What entering and leaving a learned workspace costs (the per-cycle overhead that the
+/// per-allocation figures above include 1/100 of).
+fn empty_cycle(c: &mut Criterion) {
+    let ws = workspaces();
+    let cfg = learned_config(4096);
+    c.bench_function("enter_leave/workspace", |b| {
+        b.iter(|| drop(black_box(ws.get_and_activate(&cfg, "EMPTY").unwrap())))
+    });
+    ws.destroy("EMPTY").unwrap();
+}
+
 fn whole_cycle(c: &mut Criterion) {
     let mut group = c.benchmark_group("cycle_1000x4KiB");
     group.throughput(Throughput::Elements(CYCLE_ALLOCS as u64));
@@ -231,6 +243,7 @@ fn main() {
     page_faults();
     let mut criterion = Criterion::default().configure_from_args();
     per_allocation(&mut criterion);
+    empty_cycle(&mut criterion);
     whole_cycle(&mut criterion);
     criterion.final_summary();
 }
