@@ -8,6 +8,14 @@
 //! Circular workspaces additionally hand out `Arc`s of their buffers and spills in stamps,
 //! so memory another thread may still read is freed only after its last stamp drops.
 //!
+//! The ring (SEMANTICS 2.4): a circular buffer is `slots` blocks; cycle `n` bumps only
+//! inside its own block `[k x block, (k + 1) x block)` and the next cycle starts at the next
+//! block, wrapping to offset 0 after the last one, so a cycle's memory is overwritten only
+//! `slots` cycles later. A request that does not fit in the rest of its block (in
+//! particular one larger than the whole buffer) spills or fails by policy: it never loops.
+//! Spills are pinned for two cycles; with `Reallocate` a ring that spilled is rebuilt two
+//! cycles later with blocks of `max_cycle` bytes and the same slot count.
+//!
 //! The bump path reads and writes `Cell`s only: no lock, no allocation, no system call.
 //! All of the workspace's `unsafe` code is in this module.
 
