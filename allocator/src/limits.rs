@@ -92,7 +92,7 @@ fn split_decimal(number: &[u8]) -> Result<(&[u8], Option<&[u8]>), SizeError> {
     if fraction.is_some_and(|f| f.contains(&b'.')) {
         return Err("it has more than one decimal point");
     }
-    if whole.is_empty() && fraction.is_none_or(|f| f.is_empty()) {
+    if whole.is_empty() && fraction.map_or(true, |f| f.is_empty()) {
         return Err("it does not start with a number");
     }
     if fraction.is_some_and(|f| f.is_empty()) {

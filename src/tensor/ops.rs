@@ -322,7 +322,7 @@ impl Tensor {
                         let mut total = T::zero();
                         for (o, v) in o.iter_mut().zip(lane.iter()) {
                             *o = (*v - max).exp();
-                            total = total + *o;
+                            total += *o;
                         }
                         o.mapv_inplace(|v| v / total);
                     });
