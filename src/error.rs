@@ -51,6 +51,16 @@ pub enum Error {
         /// Why it is not open.
         reason: &'static str,
     },
+    /// A workspace cannot recycle or free its memory while views of it are alive.
+    #[error("workspace [{workspace}] cannot {action}: {views} view(s) of its memory are still alive; drop them first (or detach() the tensors)")]
+    WorkspaceInUse {
+        /// The workspace.
+        workspace: String,
+        /// What was refused (`start a new cycle`, `be destroyed`).
+        action: &'static str,
+        /// Live views of its memory.
+        views: usize,
+    },
     /// A workspace's memory-mapped file could not be created, sized, mapped or claimed
     /// (`LocationPolicy::Mmap`).
     #[error("workspace [{workspace}]: memory-mapped file {path}: {message}")]

@@ -272,3 +272,42 @@ fn circular_workspaces_are_exempt_from_the_generation_check() {
     ws.destroy("RING").unwrap();
     leaked(first.relu(), "relu", "X", "RING");
 }
+
+#[test]
+fn a_live_view_keeps_its_workspace_from_recycling_the_memory() {
+    // SEMANTICS 3 "never undefined behaviour": a borrowed view pins the cycle's memory.
+    let ws = workspaces();
+    let cfg = cfg();
+    let x = {
+        let _g = ws.get_and_activate(&cfg, "PINNED").unwrap();
+        Tensor::full(DType::F32, &[8], 5.0).unwrap()
+    };
+    {
+        let _g = ws.get_and_activate(&cfg, "PINNED").unwrap();
+        assert!(x.view::<f32>().is_err(), "an outdated tensor gives no view");
+    }
+    // Now hold a view across the end of the cycle.
+    let g = ws.get_and_activate(&cfg, "PINNED").unwrap();
+    let t = Tensor::full(DType::F32, &[8], 9.0).unwrap();
+    let view = t.view::<f32>().unwrap();
+    drop(g);
+    match ws.get_and_activate(&cfg, "PINNED") {
+        Err(Error::WorkspaceInUse {
+            workspace, views, ..
+        }) => {
+            assert_eq!((workspace.as_str(), views), ("PINNED", 1));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ws.destroy("PINNED"),
+        Err(Error::WorkspaceInUse { .. })
+    ));
+    assert_eq!(view.sum(), 72.0, "the memory was not reused under the view");
+    drop(view);
+    let _g = ws.get_and_activate(&cfg, "PINNED").unwrap();
+    assert!(
+        t.view::<f32>().is_err(),
+        "after the view, the cycle moves on as usual"
+    );
+}

@@ -79,9 +79,14 @@ pub struct Tensor {
 
 /// A read-only ndarray view of a tensor, valid while this value lives (it holds an epoch
 /// pin so the memory cannot be reclaimed under it).
+///
+/// A view of workspace memory also pins it: until the view drops, the workspace refuses
+/// to start a new cycle or be destroyed ([`Error::WorkspaceInUse`]), so the bytes it shows
+/// are never rewritten or freed underneath it.
 pub struct TensorView<'a, T> {
     view: ArrayViewD<'a, T>,
     _pin: Pin,
+    _workspace_pin: Option<crate::workspace::ViewPin>,
 }
 
 impl<'a, T> std::ops::Deref for TensorView<'a, T> {
@@ -312,7 +317,11 @@ impl Tensor {
     pub fn view<T: Element>(&self) -> Result<TensorView<'_, T>> {
         let pin = reclaim::pin();
         let view = self.array::<T>("view", "X", &pin)?;
-        Ok(TensorView { view, _pin: pin })
+        Ok(TensorView {
+            view,
+            _pin: pin,
+            _workspace_pin: self.storage.stamp().map(|s| s.pin_view()),
+        })
     }
 
     /// The single value of a one-element tensor, as `f64`.

@@ -431,11 +431,22 @@ impl Arena {
     // ---- the cycle --------------------------------------------------------------------
 
     /// Enters the workspace: starts a cycle, or only nests if one is running.
-    pub(crate) fn enter(&self, parent: Option<&Rc<Arena>>) {
+    ///
+    /// A new cycle is refused while views of the memory are alive (SEMANTICS 3: the safe
+    /// API never reads memory that is being reused); re-entry is always allowed.
+    pub(crate) fn enter(&self, parent: Option<&Rc<Arena>>) -> Result<(), Error> {
         let depth = self.depth.get();
+        let views = self.shared.views();
+        if depth == 0 && !self.destroyed.get() && views > 0 {
+            return Err(Error::WorkspaceInUse {
+                workspace: self.id().to_string(),
+                action: "start a new cycle",
+                views,
+            });
+        }
         self.depth.set(depth + 1);
         if depth > 0 || self.destroyed.get() {
-            return;
+            return Ok(());
         }
         let generation = self.generation.get() + 1;
         self.generation.set(generation);
@@ -453,6 +464,7 @@ impl Arena {
         self.limit.set(limit);
         self.spilled.set(0);
         self.shared.open(generation);
+        Ok(())
     }
 
     /// Leaves the workspace; the last leave of a cycle ends it (SEMANTICS 2.2).
@@ -474,7 +486,10 @@ impl Arena {
         self.cycles.set(self.cycles.get() + 1);
         self.spilled.set(0);
         let had_buffer = !self.base.get().is_null();
-        if self.circular {
+        if self.shared.views() > 0 {
+            // A view still reads this cycle's memory: keep spills and buffer as they are;
+            // the next cycle cannot start before the view is gone, and its end frees them.
+        } else if self.circular {
             self.end_circular_cycle(had_buffer, spilled > 0);
         } else {
             self.spills.borrow_mut().clear();
@@ -573,6 +588,8 @@ impl Arena {
     /// Destroys the workspace: stamps fail from now on, and its memory is freed now, or
     /// when its last guard leaves if it is open (SEMANTICS 2.2).
     pub(crate) fn destroy(&self) {
+        // With views alive only the thread-exit path gets here (the manager refuses
+        // otherwise), and a view cannot outlive its thread's stack.
         if self.destroyed.replace(true) {
             return;
         }

@@ -152,7 +152,7 @@ impl Workspaces {
                 };
                 let mut stack = m.stack.borrow_mut();
                 let parent = stack.last().cloned().flatten();
-                arena.enter(parent.as_ref());
+                arena.enter(parent.as_ref())?;
                 stack.push(Some(Rc::clone(&arena)));
                 Ok(WorkspaceGuard {
                     arena,
@@ -235,22 +235,39 @@ impl Workspaces {
             .try_with(|m| {
                 let mut list = m.workspaces.borrow_mut();
                 let position = list.iter().position(|a| a.id() == id)?;
-                Some(list.remove(position))
+                let views = list[position].shared().views();
+                if views > 0 {
+                    return Some(Err(Error::WorkspaceInUse {
+                        workspace: id.to_string(),
+                        action: "be destroyed",
+                        views,
+                    }));
+                }
+                Some(Ok(list.remove(position)))
             })
             .ok()
             .flatten()
             .ok_or_else(|| Error::NoSuchWorkspace {
                 workspace: id.to_string(),
-            })?;
+            })??;
         arena.destroy();
         Ok(())
     }
 
     /// Destroys every workspace of this thread; returns how many there were.
     /// ND4J: `destroyAllWorkspacesForCurrentThread()`.
+    ///
+    /// A workspace whose memory a live view still reads is kept (it is freed when the
+    /// thread exits, or by a later call once the view is gone).
     pub fn destroy_all_for_current_thread(&self) -> usize {
         let all: Vec<Rc<Arena>> = MANAGER
-            .try_with(|m| m.workspaces.borrow_mut().drain(..).collect())
+            .try_with(|m| {
+                let mut list = m.workspaces.borrow_mut();
+                let (busy, idle): (Vec<_>, Vec<_>) =
+                    list.drain(..).partition(|a| a.shared().views() > 0);
+                *list = busy;
+                idle
+            })
             .unwrap_or_default();
         for arena in &all {
             arena.destroy();

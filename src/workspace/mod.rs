@@ -28,4 +28,4 @@ pub use manager::{
     allocate_in, allocate_in_current, allocate_in_parent, parent_of_current, workspaces, ScopeOut,
     WorkspaceGuard, WorkspaceStats, Workspaces,
 };
-pub use stamp::{Stamp, WorkspaceMemory};
+pub use stamp::{Stamp, ViewPin, WorkspaceMemory};

@@ -11,7 +11,7 @@
 use std::cell::Cell;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 
@@ -49,6 +49,9 @@ pub(crate) struct Shared {
     owner: ThreadId,
     circular: bool,
     state: AtomicU64,
+    /// Live [`ViewPin`]s: borrowed views of this workspace's memory that must not see it
+    /// recycled (non-circular workspaces only).
+    views: AtomicUsize,
 }
 
 impl Shared {
@@ -60,7 +63,13 @@ impl Shared {
             owner: std::thread::current().id(),
             circular,
             state: AtomicU64::new(0),
+            views: AtomicUsize::new(0),
         }
+    }
+
+    /// Live views of this workspace's memory.
+    pub(crate) fn views(&self) -> usize {
+        self.views.load(Ordering::Acquire)
     }
 
     /// The workspace id.
@@ -105,6 +114,20 @@ impl fmt::Debug for Shared {
 
 /// Something that keeps memory alive while a stamp of a circular workspace exists.
 pub(crate) type KeepAlive = Arc<dyn Send + Sync>;
+
+/// Keeps a workspace from recycling memory a borrowed view reads (see [`Stamp::pin_view`]).
+#[derive(Debug)]
+pub struct ViewPin {
+    shared: Option<Arc<Shared>>,
+}
+
+impl Drop for ViewPin {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            shared.views.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
 
 /// A cheap, clonable validity token for workspace memory (SEMANTICS 3): the workspace's
 /// shared state and the generation the memory was allocated in. `Send + Sync`, so a tensor
@@ -179,6 +202,19 @@ impl Stamp {
             workspace,
             owner: self.shared.owner,
             current: std::thread::current().id(),
+        }
+    }
+
+    /// Pins the memory for a borrowed view: while the pin lives, the workspace refuses to
+    /// start a new cycle (which would write over the memory) or to be destroyed, and keeps
+    /// its spills and buffer. Circular workspaces need no pin (the stamp keeps their memory
+    /// alive, and the ring discipline decides when it is overwritten).
+    pub fn pin_view(&self) -> ViewPin {
+        ViewPin {
+            shared: (!self.shared.circular).then(|| {
+                self.shared.views.fetch_add(1, Ordering::AcqRel);
+                self.shared.clone()
+            }),
         }
     }
 
