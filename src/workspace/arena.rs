@@ -617,8 +617,40 @@ impl Arena {
     /// Bump-allocates `layout` (SEMANTICS 2.2): the returned slice has `layout.size()` bytes.
     #[inline]
     pub(crate) fn alloc(&self, layout: Layout) -> Result<NonNull<[u8]>, Error> {
+        match self.bump(layout) {
+            Some(ptr) => Ok(NonNull::slice_from_raw_parts(ptr, layout.size())),
+            None => self.alloc_slow(layout),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, layout: Layout) -> Result<NonNull<[u8]>, Error> {
         let (ptr, _) = self.place(layout)?;
         Ok(NonNull::slice_from_raw_parts(ptr, layout.size()))
+    }
+
+    /// The bump itself: a pointer if the request fits the running cycle's region.
+    #[inline(always)]
+    fn bump(&self, layout: Layout) -> Option<NonNull<u8>> {
+        let size = layout.size();
+        let align = self.align.max(layout.align());
+        let base = self.base.get();
+        let offset = self.offset.get();
+        let pad = (base as usize).wrapping_add(offset).wrapping_neg() & (align - 1);
+        // `limit` is 0 unless a cycle is running, so a left or destroyed workspace never
+        // passes this test. `pad + size` cannot overflow: `pad` is below the larger of the
+        // workspace alignment (at most 4096) and `layout.align()`, and a Layout's size plus
+        // its alignment fits in isize.
+        let end = offset.checked_add(pad + size)?;
+        if size == 0 || end > self.limit.get() {
+            return None;
+        }
+        self.offset.set(end);
+        // SAFETY: `offset + pad < end <= limit <= size`, and `base` points to a live buffer
+        // of `size` bytes whenever `limit > 0`, so the result stays inside it and is not
+        // null.
+        Some(unsafe { NonNull::new_unchecked(base.add(offset + pad)) })
     }
 
     /// [`Arena::alloc`] with a validity stamp.
@@ -642,28 +674,12 @@ impl Arena {
 
     #[inline]
     fn place(&self, layout: Layout) -> Result<(NonNull<u8>, Placement), Error> {
-        let size = layout.size();
-        let align = self.align.max(layout.align());
-        let base = self.base.get();
-        let offset = self.offset.get();
-        let pad = (base as usize).wrapping_add(offset).wrapping_neg() & (align - 1);
-        // `limit` is 0 unless a cycle is running, so a left or destroyed workspace never
-        // passes this test. `pad + size` cannot overflow: `pad` is below the larger of the
-        // workspace alignment (at most 4096) and `layout.align()`, and a Layout's size plus
-        // its alignment fits in isize.
-        if size != 0 {
-            if let Some(end) = offset.checked_add(pad + size) {
-                if end <= self.limit.get() {
-                    self.offset.set(end);
-                    // SAFETY: `offset + pad < end <= limit <= size`, and `base` points to a
-                    // live buffer of `size` bytes whenever `limit > 0`, so the result stays
-                    // inside it and is not null.
-                    let ptr = unsafe { NonNull::new_unchecked(base.add(offset + pad)) };
-                    return Ok((ptr, Placement::Bumped));
-                }
-            }
+        if let Some(ptr) = self.bump(layout) {
+            return Ok((ptr, Placement::Bumped));
         }
-        self.place_slow(layout, align, pad)
+        let align = self.align.max(layout.align());
+        let address = (self.base.get() as usize).wrapping_add(self.offset.get());
+        self.place_slow(layout, align, address.wrapping_neg() & (align - 1))
     }
 
     /// Everything but a bump: a closed workspace, a zero-size request, or a spill.
