@@ -269,12 +269,12 @@ pub(crate) struct Arena {
     base: Cell<*mut u8>,
     size: Cell<usize>,
 
-    /// Absolute offset of the next byte in the buffer.
-    offset: Cell<usize>,
+    /// The next free byte: `base + offset` (kept as a pointer so the bump reads one field).
+    cursor: Cell<*mut u8>,
     /// Where this cycle started (a slot boundary; 0 for BlockLeft).
     start: Cell<usize>,
-    /// End of the region this cycle may bump into.
-    limit: Cell<usize>,
+    /// Address of the end of the region this cycle may bump into; 0 when no cycle runs.
+    end: Cell<usize>,
     /// Bytes this cycle spilled (padded as they would be in the buffer).
     spilled: Cell<usize>,
     spills: RefCell<Vec<Block<'static>>>,
@@ -318,9 +318,9 @@ impl Arena {
             buffer: RefCell::new(None),
             base: Cell::new(std::ptr::null_mut()),
             size: Cell::new(0),
-            offset: Cell::new(0),
+            cursor: Cell::new(std::ptr::null_mut()),
             start: Cell::new(0),
-            limit: Cell::new(0),
+            end: Cell::new(0),
             spilled: Cell::new(0),
             spills: RefCell::new(Vec::new()),
             pinned: RefCell::new(VecDeque::new()),
@@ -460,8 +460,8 @@ impl Arena {
             (0, self.size.get())
         };
         self.start.set(start);
-        self.offset.set(start);
-        self.limit.set(limit);
+        self.set_offset(start);
+        self.set_limit(limit);
         self.spilled.set(0);
         self.shared.open(generation);
         Ok(())
@@ -481,7 +481,7 @@ impl Arena {
         }
         self.shared.close(self.generation.get());
         let spilled = self.spilled.get();
-        let bytes = (self.offset.get() - self.start.get()).saturating_add(spilled);
+        let bytes = (self.offset() - self.start.get()).saturating_add(spilled);
         self.max_cycle.set(self.max_cycle.get().max(bytes));
         self.cycles.set(self.cycles.get() + 1);
         self.spilled.set(0);
@@ -507,8 +507,8 @@ impl Arena {
                 }
             }
         }
-        self.offset.set(self.start.get());
-        self.limit.set(0);
+        self.set_offset(self.start.get());
+        self.set_limit(0);
     }
 
     /// Whether a workspace without a buffer learns its size now (SEMANTICS 2.3).
@@ -594,7 +594,7 @@ impl Arena {
             return;
         }
         self.shared.destroy();
-        self.limit.set(0);
+        self.set_limit(0);
         if self.depth.get() == 0 {
             self.release_all();
         }
@@ -603,9 +603,9 @@ impl Arena {
     fn release_all(&self) {
         self.base.set(std::ptr::null_mut());
         self.size.set(0);
-        self.offset.set(0);
+        self.set_offset(0);
         self.start.set(0);
-        self.limit.set(0);
+        self.set_limit(0);
         self.spills.borrow_mut().clear();
         self.pinned.borrow_mut().clear();
         self.pinned_bytes.set(0);
@@ -635,22 +635,43 @@ impl Arena {
     fn bump(&self, layout: Layout) -> Option<NonNull<u8>> {
         let size = layout.size();
         let align = self.align.max(layout.align());
-        let base = self.base.get();
-        let offset = self.offset.get();
-        let pad = (base as usize).wrapping_add(offset).wrapping_neg() & (align - 1);
-        // `limit` is 0 unless a cycle is running, so a left or destroyed workspace never
+        let cursor = self.cursor.get();
+        let pad = (cursor as usize).wrapping_neg() & (align - 1);
+        // `end` is 0 unless a cycle is running, so a left or destroyed workspace never
         // passes this test. `pad + size` cannot overflow: `pad` is below the larger of the
         // workspace alignment (at most 4096) and `layout.align()`, and a Layout's size plus
         // its alignment fits in isize.
-        let end = offset.checked_add(pad + size)?;
-        if size == 0 || end > self.limit.get() {
+        let new_end = (cursor as usize).checked_add(pad + size)?;
+        if size == 0 || new_end > self.end.get() {
             return None;
         }
-        self.offset.set(end);
-        // SAFETY: `offset + pad < end <= limit <= size`, and `base` points to a live buffer
-        // of `size` bytes whenever `limit > 0`, so the result stays inside it and is not
-        // null.
-        Some(unsafe { NonNull::new_unchecked(base.add(offset + pad)) })
+        self.cursor.set(cursor.wrapping_add(pad + size));
+        // SAFETY: `cursor + pad < new_end <= end`, and whenever `end > 0` the region
+        // `[cursor, end)` lies inside the live buffer, so the result is in it and not null.
+        Some(unsafe { NonNull::new_unchecked(cursor.add(pad)) })
+    }
+
+    /// Offset of the next free byte from the buffer's base.
+    fn offset(&self) -> usize {
+        (self.cursor.get() as usize).wrapping_sub(self.base.get() as usize)
+    }
+
+    fn set_offset(&self, offset: usize) {
+        self.cursor.set(self.base.get().wrapping_add(offset));
+    }
+
+    /// Offset of the end of this cycle's region (0: no cycle runs).
+    fn limit(&self) -> usize {
+        self.end.get().saturating_sub(self.base.get() as usize)
+    }
+
+    fn set_limit(&self, limit: usize) {
+        let end = if limit == 0 {
+            0
+        } else {
+            (self.base.get() as usize).wrapping_add(limit)
+        };
+        self.end.set(end);
     }
 
     /// [`Arena::alloc`] with a validity stamp.
@@ -678,7 +699,7 @@ impl Arena {
             return Ok((ptr, Placement::Bumped));
         }
         let align = self.align.max(layout.align());
-        let address = (self.base.get() as usize).wrapping_add(self.offset.get());
+        let address = self.cursor.get() as usize;
         self.place_slow(layout, align, address.wrapping_neg() & (align - 1))
     }
 
@@ -723,7 +744,7 @@ impl Arena {
             return Err(Error::WorkspaceFull {
                 workspace: self.id().to_string(),
                 requested: size.saturating_add(pad),
-                available: self.limit.get().saturating_sub(self.offset.get()),
+                available: self.limit().saturating_sub(self.offset()),
             });
         }
         let block = Pool::global().allocate_for(size, align, Usage::Workspace)?;
@@ -763,12 +784,12 @@ impl Arena {
             return false;
         }
         let at = (ptr.as_ptr() as usize).wrapping_sub(self.base.get() as usize);
-        if at.checked_add(old) != Some(self.offset.get()) {
+        if at.checked_add(old) != Some(self.offset()) {
             return false;
         }
         match at.checked_add(new) {
-            Some(end) if end <= self.limit.get() => {
-                self.offset.set(end);
+            Some(end) if end <= self.limit() => {
+                self.set_offset(end);
                 true
             }
             _ => false,
@@ -783,7 +804,7 @@ impl Arena {
             id: self.id().to_string(),
             size: self.size.get(),
             used: if self.is_open() {
-                self.offset.get() - self.start.get()
+                self.offset() - self.start.get()
             } else {
                 0
             },
