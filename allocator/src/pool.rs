@@ -14,11 +14,15 @@
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, OnceLock};
+#[cfg(not(ndmem_loom))]
+use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 
 use crate::counter::{Budget, UNLIMITED};
 use crate::error::{AllocError, ConfigError, Holders, MemoryKind};
-use crate::limits::{Limits, ENV_MAX_BYTES, ENV_MAX_PHYSICAL_BYTES};
+use crate::limits::Limits;
+#[cfg(not(ndmem_loom))]
+use crate::limits::{ENV_MAX_BYTES, ENV_MAX_PHYSICAL_BYTES};
 use crate::physical::{page_size, physical_bytes};
 use crate::slots::Slots;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
