@@ -1,0 +1,283 @@
+//! loom models of `ndmem_alloc::counter::Budget`, the single-word CAS budget under both the
+//! tracking allocator's heap limit and the pool's off-heap limit.
+//!
+//! What they check, over every interleaving within the preemption bound:
+//! - concurrent `try_reserve`/`release` never let the bytes callers hold pass the limit;
+//!   of two requests that cannot both fit exactly one succeeds, and the refusal reports
+//!   the true figures;
+//! - `set_limit` racing reservations never leaves more reserved than the limit, refuses a
+//!   limit below what is reserved (changing nothing), and two racing `set_limit`s leave
+//!   the limit and headroom consistent;
+//! - `release` racing reservations and refusals never wraps the counter: `used` and
+//!   `available` stay within `[0, limit]` and everything reserved comes back to zero;
+//! - the figures read while `set_limit` runs (`used`, `peak`, a reservation's result)
+//!   are totals that really were reserved.
+#![cfg(ndmem_loom)]
+
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use ndmem_alloc::counter::{Budget, Exhausted};
+use ndmem_loom_tests::model;
+
+/// Reserves `bytes`, records them in `held` (the bytes callers really hold), checks the
+/// limit against both, and gives them back. Returns whether the reservation succeeded.
+fn reserve_hold_release(budget: &Budget, held: &AtomicUsize, bytes: usize, limit: usize) -> bool {
+    match budget.try_reserve(bytes) {
+        Ok(used) => {
+            assert!(used <= limit, "reservation reported {used} > limit {limit}");
+            let now = held.fetch_add(bytes, Ordering::SeqCst) + bytes;
+            assert!(now <= limit, "callers hold {now} bytes > limit {limit}");
+            assert!(budget.used() <= limit);
+            held.fetch_sub(bytes, Ordering::SeqCst);
+            budget.release(bytes);
+            true
+        }
+        Err(e) => {
+            assert_eq!(e.limit, limit);
+            assert!(e.used <= limit);
+            false
+        }
+    }
+}
+
+#[test]
+fn concurrent_reservations_never_pass_the_limit() {
+    model(|| {
+        let budget = Arc::new(Budget::new(Some(10)));
+        let held = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<_> = [6, 7]
+            .into_iter()
+            .map(|bytes| {
+                let (budget, held) = (budget.clone(), held.clone());
+                thread::spawn(move || reserve_hold_release(&budget, &held, bytes, 10))
+            })
+            .collect();
+        // The main thread watches from outside: the figures stay within the limit.
+        assert!(budget.used() <= 10);
+        assert!(budget.available() <= 10);
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(budget.used(), 0);
+        assert_eq!(budget.available(), 10);
+        assert!(budget.peak() <= 10);
+    });
+}
+
+#[test]
+fn of_two_requests_that_cannot_both_fit_exactly_one_succeeds() {
+    model(|| {
+        let budget = Arc::new(Budget::new(Some(10)));
+        let workers: Vec<_> = [6, 5]
+            .into_iter()
+            .map(|bytes| {
+                let budget = budget.clone();
+                thread::spawn(move || (bytes, budget.try_reserve(bytes)))
+            })
+            .collect();
+        let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        let won: Vec<_> = results.iter().filter(|(_, r)| r.is_ok()).collect();
+        assert_eq!(won.len(), 1, "{results:?}");
+        let winner = won[0].0;
+        for (bytes, result) in &results {
+            match result {
+                Ok(used) => assert_eq!(*used, *bytes),
+                Err(e) => assert_eq!(
+                    *e,
+                    Exhausted {
+                        used: winner,
+                        limit: 10
+                    }
+                ),
+            }
+        }
+        assert_eq!(budget.used(), winner);
+        assert_eq!(budget.peak(), winner);
+    });
+}
+
+#[test]
+fn a_lower_limit_racing_a_reservation_never_leaves_use_above_it() {
+    model(|| {
+        let budget = Arc::new(Budget::new(Some(10)));
+        let reserver = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.try_reserve(6))
+        };
+        let lowered = budget.set_limit(Some(4));
+        let reserved = reserver.join().unwrap();
+        // Exactly one of them wins: 6 bytes never live under a limit of 4.
+        match (&reserved, &lowered) {
+            (Ok(6), Err(e)) => {
+                assert_eq!(*e, Exhausted { used: 6, limit: 4 });
+                assert_eq!(budget.limit(), Some(10));
+                assert_eq!(budget.used(), 6);
+                assert_eq!(budget.available(), 4);
+            }
+            (Err(_), Ok(())) => {
+                // (The refusal's `used` figure can be wrong here: see the ignored model
+                // `figures_read_during_a_limit_change_are_real_totals`.)
+                assert_eq!(budget.limit(), Some(4));
+                assert_eq!(budget.used(), 0);
+                assert_eq!(budget.available(), 4);
+            }
+            _ => panic!("reserve {reserved:?}, set_limit {lowered:?}"),
+        }
+    });
+}
+
+#[test]
+fn a_lower_limit_is_accepted_once_the_bytes_are_released() {
+    model(|| {
+        let budget = Arc::new(Budget::new(Some(10)));
+        let held = Arc::new(AtomicUsize::new(0));
+        let reserver = {
+            let (budget, held) = (budget.clone(), held.clone());
+            thread::spawn(move || {
+                if budget.try_reserve(6).is_ok() {
+                    held.fetch_add(6, Ordering::SeqCst);
+                    // Whatever the limit is now, the 6 bytes fit in it.
+                    let limit = budget.limit().unwrap();
+                    assert!(limit >= 6, "6 bytes held under a limit of {limit}");
+                    held.fetch_sub(6, Ordering::SeqCst);
+                    budget.release(6);
+                }
+            })
+        };
+        let lowered = budget.set_limit(Some(4));
+        if lowered.is_ok() {
+            // From here on nobody may hold more than 4 bytes.
+            assert!(held.load(Ordering::SeqCst) <= 4);
+        }
+        reserver.join().unwrap();
+        let limit = if lowered.is_ok() { 4 } else { 10 };
+        assert_eq!(budget.limit(), Some(limit));
+        assert_eq!(budget.used(), 0);
+        assert_eq!(budget.available(), limit);
+    });
+}
+
+#[test]
+fn racing_limit_changes_leave_limit_and_headroom_consistent() {
+    model(|| {
+        let budget = Arc::new(Budget::new(Some(10)));
+        budget.try_reserve(3).unwrap();
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.set_limit(Some(5)))
+        };
+        let mine = budget.set_limit(Some(8));
+        let theirs = other.join().unwrap();
+        assert!(mine.is_ok() && theirs.is_ok());
+        // Whichever ran last decides; either way headroom = limit - reserved.
+        let limit = budget.limit().unwrap();
+        assert!(limit == 5 || limit == 8, "limit {limit}");
+        assert_eq!(budget.used(), 3);
+        assert_eq!(budget.available(), limit - 3);
+        assert!(budget.try_reserve(limit - 3).is_ok());
+        assert!(budget.try_reserve(1).is_err());
+    });
+}
+
+#[test]
+fn releases_racing_reservations_never_wrap() {
+    model(|| {
+        let budget = Arc::new(Budget::new(Some(8)));
+        budget.try_reserve(8).unwrap();
+        let releaser = {
+            let budget = budget.clone();
+            thread::spawn(move || {
+                budget.release(5);
+                budget.release(3);
+            })
+        };
+        // Racing requests: a huge one (refused without effect) and one that fits only
+        // after the first release.
+        assert!(budget.try_reserve(usize::MAX).is_err());
+        let got = budget.try_reserve(4);
+        let (used, available) = (budget.used(), budget.available());
+        assert!(
+            used <= 8 && available <= 8,
+            "used {used}, available {available}"
+        );
+        releaser.join().unwrap();
+        let expect = if got.is_ok() { 4 } else { 0 };
+        assert_eq!(budget.used(), expect);
+        assert_eq!(budget.available(), 8 - expect);
+        if got.is_ok() {
+            budget.release(4);
+        }
+        assert_eq!(budget.used(), 0);
+        assert!(budget.peak() <= 8);
+    });
+}
+
+#[test]
+fn an_unlimited_budget_counts_exactly_under_races() {
+    model(|| {
+        let budget = Arc::new(Budget::new(None));
+        let workers: Vec<_> = [3, 5]
+            .into_iter()
+            .map(|bytes| {
+                let budget = budget.clone();
+                thread::spawn(move || {
+                    let used = budget.try_reserve(bytes).unwrap();
+                    assert!(used >= bytes && used <= 8);
+                    budget.release(bytes);
+                })
+            })
+            .collect();
+        let used = budget.used();
+        assert!(used <= 8, "used {used}");
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(budget.used(), 0);
+        assert_eq!(budget.limit(), None);
+        assert!(budget.peak() <= 8);
+    });
+}
+
+/// Only 4 bytes are ever reserved, while another thread lowers the limit from 100 to 50:
+/// every figure read meanwhile must be a total that existed (at most 4), and a refusal
+/// while the limit drops from 10 to 4 with nothing reserved must report `used: 0`.
+///
+/// FAILS on the current `counter.rs`, so it is ignored until the fix lands (run it with
+/// `--ignored`). `set_limit` moves `headroom` by CAS and stores `limit` afterwards, and
+/// every figure is computed as `limit - headroom` from two separate loads. A reservation
+/// (or `used()`, or a refusal) that sees the new headroom with the old limit reports
+/// `old_limit - new_headroom`: here `try_reserve(4)` returns `Ok(54)` and `peak()` stays
+/// 54, above the new limit of 50, though 4 bytes were reserved. The limit itself is never
+/// passed (the models above hold); only the reported figures are wrong.
+#[test]
+#[ignore = "finds the set_limit race in counter.rs figures (see the doc comment)"]
+fn figures_read_during_a_limit_change_are_real_totals() {
+    model(|| {
+        let budget = Arc::new(Budget::new(Some(100)));
+        let changer = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.set_limit(Some(50)).unwrap())
+        };
+        let reported = budget.try_reserve(4).unwrap();
+        let used = budget.used();
+        changer.join().unwrap();
+        assert!(
+            reported <= 4,
+            "try_reserve reported {reported} bytes in use"
+        );
+        assert!(used <= 4, "used() read {used}");
+        assert!(budget.peak() <= 4, "peak {}", budget.peak());
+    });
+    model(|| {
+        let budget = Arc::new(Budget::new(Some(10)));
+        let changer = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.set_limit(Some(4)).unwrap())
+        };
+        if let Err(e) = budget.try_reserve(6) {
+            assert_eq!(e.used, 0, "refusal reported {e:?} with nothing reserved");
+        }
+        changer.join().unwrap();
+    });
+}
