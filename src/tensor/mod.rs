@@ -292,7 +292,7 @@ impl Tensor {
     /// for workspace memory).
     #[inline]
     pub fn is_valid(&self) -> bool {
-        self.storage.check("is_valid", "X").is_ok()
+        self.storage.is_live()
     }
 
     pub(crate) fn storage(&self) -> &Arc<Storage> {

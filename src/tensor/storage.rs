@@ -152,22 +152,45 @@ impl Storage {
         self.bytes
     }
 
-    /// SEMANTICS 3 and 4: may these bytes be used now, from this thread?
+    /// SEMANTICS 3 and 4: may these bytes be used now, from this thread? One atomic load
+    /// (and a thread-token compare for workspace memory).
+    #[inline(always)]
+    pub(crate) fn is_live(&self) -> bool {
+        match &self.home {
+            Home::Workspace(stamp) => stamp.is_valid(),
+            Home::Pool(home) => !home.freed.load(Ordering::Acquire),
+        }
+    }
+
+    /// [`Storage::is_live`], with the error naming `op`, `arg` and the owner when not.
     #[inline]
     pub(crate) fn check(&self, op: &str, arg: &str) -> Result<()> {
+        if self.is_live() {
+            Ok(())
+        } else {
+            Err(self.refusal(op, arg))
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refusal(&self, op: &str, arg: &str) -> Error {
         match &self.home {
-            Home::Workspace(stamp) => stamp.check(op, arg),
-            Home::Pool(home) => {
-                if home.freed.load(Ordering::Acquire) {
-                    Err(Error::ScopeClosed {
+            Home::Workspace(stamp) => {
+                stamp
+                    .check(op, arg)
+                    .err()
+                    .unwrap_or_else(|| Error::LeakedWorkspacePointer {
                         op: op.into(),
                         arg: arg.into(),
-                        scope: self.owner_name().unwrap_or_else(|| "?".into()),
+                        workspace: stamp.workspace_id().into(),
                     })
-                } else {
-                    Ok(())
-                }
             }
+            Home::Pool(_) => Error::ScopeClosed {
+                op: op.into(),
+                arg: arg.into(),
+                scope: self.owner_name().unwrap_or_else(|| "?".into()),
+            },
         }
     }
 

@@ -23,23 +23,26 @@ const GENERATION_SHIFT: u32 = 2;
 
 /// A number naming the calling thread, unique for the life of the process (never reused,
 /// unlike addresses of thread-locals). Costs one thread-local read once assigned.
+#[inline]
 pub(crate) fn thread_token() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
         static TOKEN: Cell<u64> = const { Cell::new(0) };
     }
-    TOKEN
-        .try_with(|t| {
-            let token = t.get();
-            if token != 0 {
-                return token;
-            }
-            let token = NEXT.fetch_add(1, Ordering::Relaxed);
-            t.set(token);
-            token
-        })
-        // Thread-locals are being torn down: no live token can match 0.
-        .unwrap_or(0)
+    // A const, destructor-free thread-local is never torn down, so `with` cannot fail.
+    let token = TOKEN.with(Cell::get);
+    if token != 0 {
+        token
+    } else {
+        TOKEN.with(assign_token)
+    }
+}
+
+#[cold]
+fn assign_token(slot: &Cell<u64>) -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let token = NEXT.fetch_add(1, Ordering::Relaxed);
+    slot.set(token);
+    token
 }
 
 /// The state of one workspace shared with every stamp of its memory.
@@ -166,15 +169,21 @@ impl Stamp {
     /// valid until the ring wraps over it; whoever hands it across threads tracks the ring).
     #[inline]
     pub fn check(&self, op: &str, arg: &str) -> Result<(), Error> {
-        let state = self.shared.state.load(Ordering::Acquire);
-        if self.shared.circular {
-            if state & DESTROYED == 0 {
-                return Ok(());
-            }
-        } else if state == self.expected && thread_token() == self.shared.owner_token {
+        if self.is_valid() {
             return Ok(());
         }
-        Err(self.refusal(state, op, arg))
+        Err(self.refusal(self.shared.state.load(Ordering::Acquire), op, arg))
+    }
+
+    /// [`Stamp::check`] without the error: one atomic load and a thread-token compare.
+    #[inline(always)]
+    pub fn is_valid(&self) -> bool {
+        let state = self.shared.state.load(Ordering::Acquire);
+        if self.shared.circular {
+            state & DESTROYED == 0
+        } else {
+            state == self.expected && thread_token() == self.shared.owner_token
+        }
     }
 
     #[cold]
