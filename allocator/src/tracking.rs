@@ -13,9 +13,11 @@
 //!   falls, batches shrink to exact reservations and frees return budget at once. A thread's
 //!   budget is returned when it exits (a pthread key destructor). An allocation can fail
 //!   while other threads strand budget, never succeed past the limit.
-//! - *statistics lag*: a thread flushes its tally once its unflushed net bytes reach 256 KiB
-//!   or after 4096 operations, so another thread's live and peak figures can lag by that
-//!   much; [`stats`] flushes the calling thread first, so a single thread sees exact figures.
+//! - *statistics lag*: a thread publishes its live bytes once its unflushed net bytes reach
+//!   256 KiB, and all its figures after 4096 operations, so another thread's live and peak
+//!   figures can lag by 256 KiB per thread, its counts (allocations, bytes allocated and
+//!   freed) by 4096 operations per thread; [`stats`] flushes the calling thread first, so a
+//!   single thread sees exact figures.
 //!
 //! Nothing here allocates: the environment is read with `libc::getenv`, thread state is a
 //! `const` thread-local without destructor, and warnings go to `write(2)`.
@@ -186,6 +188,11 @@ const EXITED: u8 = 2;
 
 /// One thread's unspent budget and unflushed statistics. No destructor, so the
 /// thread-local needs no lazy registration (which would allocate).
+///
+/// The hot paths test no `state`: a thread that is not yet registered, or has exited, is
+/// sent to the cold paths by its figures alone. Its `budget` and `keep` are 0 (so `reserve`
+/// refills and `give_back` releases), and its `ops` is at least `FLUSH_OPS` (so `count`
+/// publishes).
 struct Tally {
     budget: Cell<usize>,
     keep: Cell<usize>,
@@ -211,7 +218,7 @@ thread_local! {
             allocations: Cell::new(0),
             deallocations: Cell::new(0),
             reallocations: Cell::new(0),
-            ops: Cell::new(0),
+            ops: Cell::new(FLUSH_OPS),
             state: Cell::new(NEW),
             in_hook: Cell::new(false),
         }
@@ -223,7 +230,7 @@ impl Tally {
     #[inline]
     fn reserve(&self, size: usize) -> bool {
         let budget = self.budget.get();
-        if budget >= size && self.state.get() != EXITED {
+        if budget >= size {
             self.budget.set(budget - size);
             return true;
         }
@@ -271,23 +278,21 @@ impl Tally {
     ///
     /// Invariant kept here: a thread's unflushed frees never exceed its unspent budget
     /// (`-net <= budget`), so the published live figure never exceeds the reserved total,
-    /// and hence never the limit. Budget leaves the thread only after its tally is flushed,
-    /// which is why callers count a free *before* giving its budget back.
+    /// and hence never the limit. Budget leaves the thread only after its net bytes are
+    /// published, which is why callers count a free *before* giving its budget back.
     #[inline]
     fn give_back(&self, size: usize) {
         let keep = self.keep.get();
         let budget = self.budget.get() + size;
         self.budget.set(budget);
-        if budget > 2 * keep || self.state.get() == EXITED {
+        if budget > 2 * keep {
             self.release_excess(keep);
         }
     }
 
     #[cold]
     fn release_excess(&self, keep: usize) {
-        if self.net.get() != 0 {
-            self.flush();
-        }
+        self.flush_live();
         let budget = self.budget.get();
         HEAP.release(budget - keep.min(budget));
         self.budget.set(keep.min(budget));
@@ -332,7 +337,7 @@ impl Tally {
         self.net.set(net);
         let ops = self.ops.get() + 1;
         self.ops.set(ops);
-        if net.abs() >= FLUSH_NET || ops >= FLUSH_OPS || self.state.get() != REGISTERED {
+        if net.abs() >= FLUSH_NET || ops >= FLUSH_OPS {
             self.publish();
         }
     }
@@ -343,22 +348,42 @@ impl Tally {
             // A thread that frees before it ever needs budget must still be flushed at exit.
             self.register();
         }
-        self.flush();
+        if self.ops.get() >= FLUSH_OPS || self.state.get() != REGISTERED {
+            self.flush();
+        } else {
+            // Only the net bytes passed their bound: publish the live figure alone (one
+            // shared read-modify-write instead of seven), so that a thread allocating and
+            // freeing large blocks does not contend on every counter at every operation.
+            self.flush_live();
+        }
     }
 
-    /// Publishes this thread's tally to the process-wide counters.
-    fn flush(&self) {
+    /// Publishes this thread's net bytes to the live and peak figures.
+    #[inline]
+    fn flush_live(&self) {
         let net = self.net.replace(0);
-        let live = LIVE.fetch_add(net, Ordering::Relaxed) + net;
-        if net > 0 {
-            PEAK.fetch_max(live.max(0) as usize, Ordering::Relaxed);
+        if net == 0 {
+            return;
         }
+        let live = LIVE.fetch_add(net, Ordering::Relaxed) + net;
+        // Read first: a new peak is rare, and a read keeps the line shared between cores
+        // where `fetch_max` would write it every time.
+        if net > 0 && live > PEAK.load(Ordering::Relaxed) as isize {
+            PEAK.fetch_max(live as usize, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes this thread's whole tally to the process-wide counters.
+    fn flush(&self) {
+        self.flush_live();
         ALLOCATED.fetch_add(self.allocated.replace(0), Ordering::Relaxed);
         FREED.fetch_add(self.freed.replace(0), Ordering::Relaxed);
         ALLOCATIONS.fetch_add(u64::from(self.allocations.replace(0)), Ordering::Relaxed);
         DEALLOCATIONS.fetch_add(u64::from(self.deallocations.replace(0)), Ordering::Relaxed);
         REALLOCATIONS.fetch_add(u64::from(self.reallocations.replace(0)), Ordering::Relaxed);
-        self.ops.set(0);
+        // Unregistered and exited threads publish at every operation.
+        let registered = self.state.get() == REGISTERED;
+        self.ops.set(if registered { 0 } else { FLUSH_OPS });
     }
 
     /// Returns all unspent budget to the heap (after publishing the tally it covers).
@@ -374,6 +399,7 @@ impl Tally {
         if self.state.replace(EXITED) == REGISTERED {
             THREADS.fetch_sub(1, Ordering::Relaxed);
         }
+        self.ops.set(FLUSH_OPS);
     }
 }
 
