@@ -252,3 +252,26 @@ fn in_place_updates_need_the_only_handle() {
         .unwrap();
     assert_eq!(p.to_vec::<f64>().unwrap(), vec![3.0; 4]);
 }
+
+#[test]
+fn log_softmax_matches_ndarray_and_stays_finite_where_softmax_underflows() {
+    let a = Array2::from_shape_fn((3, 4), |(i, j)| ((i * 4 + j) as f64).cos() * 3.0).into_dyn();
+    let t = Tensor::from_slice(a.as_slice().unwrap(), &[3, 4]).unwrap();
+    let e = a.mapv(f64::exp);
+    let expected = (&e / &e.sum_axis(Axis(1)).insert_axis(Axis(1))).mapv(f64::ln);
+    close(&arr(&t.log_softmax(1).unwrap()), &expected);
+    // Along axis 0 of a transposed view: the transpose of the axis-1 result.
+    let lt = arr::<f64>(&t.transpose().unwrap().log_softmax(0).unwrap());
+    close(&lt, &expected.t().to_owned());
+
+    // A confident lane: softmax underflows to 0 (its log is -inf), log_softmax does not.
+    let confident = Tensor::from_slice(&[0.0f32, 200.0, -200.0], &[1, 3]).unwrap();
+    let via_softmax = confident.softmax(1).unwrap().log().unwrap();
+    assert!(via_softmax.to_vec::<f32>().unwrap()[2].is_infinite());
+    let direct = confident.log_softmax(1).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(direct, vec![-200.0, 0.0, -400.0]);
+
+    let i = Tensor::zeros(DType::I32, &[2, 3]).unwrap();
+    assert!(matches!(i.log_softmax(0), Err(Error::DType { .. })));
+    assert!(matches!(t.log_softmax(2), Err(Error::Shape { .. })));
+}

@@ -331,6 +331,43 @@ impl Tensor {
         )
     }
 
+    /// Log-softmax along `axis`: `x - max - ln(sum(exp(x - max)))` per lane, finite
+    /// wherever the inputs are (the log of a `softmax` underflows to `-inf` for confident
+    /// lanes; cross-entropy needs this form).
+    pub fn log_softmax(&self, axis: usize) -> Result<Tensor> {
+        match self.dtype {
+            DType::F32 => self.log_softmax_typed::<f32>(axis),
+            DType::F64 => self.log_softmax_typed::<f64>(axis),
+            other => Err(float_only("log_softmax", other)),
+        }
+    }
+
+    fn log_softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
+        check_axis("log_softmax", axis, self.ndim())?;
+        self.storage.check("log_softmax", "X")?;
+        let owner = self.storage.owner();
+        let pin = reclaim::pin();
+        let x = self.array::<T>("log_softmax", "X", &pin)?;
+        Tensor::build::<T>(
+            "log_softmax",
+            &self.shape,
+            Placement::Auto(owner.as_ref()),
+            |mut out| {
+                Zip::from(out.lanes_mut(Axis(axis)))
+                    .and(x.lanes(Axis(axis)))
+                    .for_each(|mut o, lane| {
+                        let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
+                        let total = lane.iter().fold(T::zero(), |t, v| t + (*v - max).exp());
+                        let shift = max + total.ln();
+                        for (o, v) in o.iter_mut().zip(lane.iter()) {
+                            *o = *v - shift;
+                        }
+                    });
+                Ok(())
+            },
+        )
+    }
+
     /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`), by matrixmultiply.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.same_dtype("matmul", other)?;
