@@ -1,0 +1,298 @@
+//! The command line (clap, derive): `ndmem [train] [OPTIONS]`, `ndmem limits`,
+//! `ndmem report FILE [-o SVG]`, with value checks that turn bad input into one-line
+//! messages.
+//!
+//! Invariant: every value reaching the commands has been validated here (positive counts,
+//! a finite positive learning rate, a size that parses); clap's multi-line errors are
+//! folded into one line.
+
+use std::path::PathBuf;
+
+use clap::error::ErrorKind;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::modes::Mode;
+use crate::train::TrainOptions;
+
+/// ndmem: memory accounting for tensor workloads. Without a subcommand, runs `train`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ndmem",
+    version,
+    args_conflicts_with_subcommands = true,
+    after_help = "Limits come from NDMEM_MAX_HEAP, NDMEM_MAX_BYTES, NDMEM_MAX_PHYSICAL_BYTES and NDMEM_MAX_DEVICE_BYTES (see `ndmem limits`)."
+)]
+pub struct Cli {
+    /// What to run (default: train).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Options of `train`, when no subcommand is given.
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a small MLP on the Iris data under each memory mode and compare them (default).
+    Train(TrainArgs),
+    /// Show the effective memory limits, where each came from, heap and pool statistics,
+    /// and whether a CUDA driver is present.
+    Limits,
+    /// Re-render the SVG chart from a JSON report of `ndmem train`.
+    Report(ReportArgs),
+}
+
+/// Which memory modes `train` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// Pool blocks owned by their handles (no workspace, no scope).
+    Pool,
+    /// A FirstLoop workspace cycle per step.
+    Workspaces,
+    /// A child scope per step.
+    Scopes,
+    /// All three, one after the other.
+    All,
+}
+
+impl ModeArg {
+    /// The modes to run.
+    pub fn modes(self) -> Vec<Mode> {
+        match self {
+            ModeArg::Pool => vec![Mode::Pool],
+            ModeArg::Workspaces => vec![Mode::Workspaces],
+            ModeArg::Scopes => vec![Mode::Scopes],
+            ModeArg::All => Mode::ALL.to_vec(),
+        }
+    }
+}
+
+/// Options of `ndmem train`.
+#[derive(Debug, Clone, Args)]
+pub struct TrainArgs {
+    /// Memory mode(s) to train under.
+    #[arg(long, value_enum, default_value_t = ModeArg::All)]
+    pub mode: ModeArg,
+    /// Passes over the training rows.
+    #[arg(long, value_name = "N", default_value_t = 100, allow_negative_numbers = true,
+          value_parser = positive::<u32>)]
+    pub epochs: u32,
+    /// Stop each mode after N steps (for quick runs).
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = positive::<u64>)]
+    pub steps: Option<u64>,
+    /// Rows per batch.
+    #[arg(long, value_name = "N", default_value_t = 16, allow_negative_numbers = true,
+          value_parser = positive::<usize>)]
+    pub batch: usize,
+    /// Hidden units.
+    #[arg(long, value_name = "N", default_value_t = 32, allow_negative_numbers = true,
+          value_parser = positive::<usize>)]
+    pub hidden: usize,
+    /// SGD learning rate.
+    #[arg(long, value_name = "RATE", default_value_t = 0.1, allow_negative_numbers = true,
+          value_parser = learning_rate)]
+    pub lr: f32,
+    /// Seed of the train/test split, the shuffles and the initial weights.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 42,
+        allow_negative_numbers = true
+    )]
+    pub seed: u64,
+    /// Off-heap limit of the global pool for this run, e.g. 64M (0: unlimited);
+    /// default: NDMEM_MAX_BYTES or half of RAM.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub max_bytes: Option<usize>,
+    /// Directory for ndmem-report.json and ndmem-report.svg.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub out_dir: PathBuf,
+    /// Path of the JSON report (default: OUT_DIR/ndmem-report.json).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Path of the SVG report (default: OUT_DIR/ndmem-report.svg).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+}
+
+impl TrainArgs {
+    /// The options `train::run` takes.
+    pub fn options(&self) -> TrainOptions {
+        TrainOptions {
+            modes: self.mode.modes(),
+            epochs: self.epochs,
+            max_steps: self.steps,
+            batch: self.batch,
+            hidden: self.hidden,
+            lr: self.lr,
+            seed: self.seed,
+            max_bytes: self.max_bytes,
+            json: self
+                .json
+                .clone()
+                .unwrap_or_else(|| self.out_dir.join("ndmem-report.json")),
+            svg: self
+                .svg
+                .clone()
+                .unwrap_or_else(|| self.out_dir.join("ndmem-report.svg")),
+        }
+    }
+}
+
+/// Options of `ndmem report`.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// A JSON report written by `ndmem train`.
+    #[arg(value_name = "JSON", default_value = "ndmem-report.json")]
+    pub json: PathBuf,
+    /// Where to write the SVG.
+    #[arg(short, long, value_name = "SVG", default_value = "ndmem-report.svg")]
+    pub output: PathBuf,
+}
+
+/// A whole number of at least 1.
+fn positive<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
+    let trimmed = text.trim();
+    let value: i128 = trimmed
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number (expected 1, 2, 3, ...)"))?;
+    if value < 1 {
+        return Err(format!("must be at least 1, got {value}"));
+    }
+    u64::try_from(value)
+        .ok()
+        .and_then(|v| T::try_from(v).ok())
+        .ok_or_else(|| format!("{value} is too large"))
+}
+
+/// A finite learning rate above 0.
+fn learning_rate(text: &str) -> Result<f32, String> {
+    let value: f32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !(value.is_finite() && value > 0.0) {
+        return Err(format!("must be a finite number above 0, got {text}"));
+    }
+    Ok(value)
+}
+
+/// A size as `NDMEM_MAX_BYTES` takes it (`64M`, `1.5G`, `50%`, `0` for no limit).
+fn size(text: &str) -> Result<usize, String> {
+    match ndmem::alloc::parse_size(text) {
+        Ok(bytes) => Ok(bytes),
+        Err(ndmem::alloc::ConfigError::InvalidSize { reason, .. }) => Err(format!(
+            "{reason} (expected e.g. 1048576, 64K, 512M, 8GiB or 50%)"
+        )),
+        Err(other) => Err(other.to_string()),
+    }
+}
+
+/// How parsing ended when it did not produce a [`Cli`].
+pub enum Stop {
+    /// `--help` or `--version`: printed, exit 0.
+    Shown,
+    /// A usage error, folded into one line.
+    Usage(String),
+}
+
+/// Parses the process arguments.
+pub fn parse() -> Result<Cli, Stop> {
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e) => match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                let _ = e.print();
+                Err(Stop::Shown)
+            }
+            _ => Err(Stop::Usage(one_line(&e.render().to_string()))),
+        },
+    }
+}
+
+/// clap's message without its usage and "for more information" lines, on one line.
+pub fn one_line(rendered: &str) -> String {
+    let mut parts = Vec::new();
+    let mut in_usage = false;
+    for line in rendered.lines().map(str::trim) {
+        // The usage block runs from "Usage:" to the next blank line.
+        in_usage = (in_usage || line.starts_with("Usage:")) && !line.is_empty();
+        if in_usage || line.is_empty() || line.starts_with("For more information") {
+            continue;
+        }
+        parts.push(line.strip_prefix("error: ").unwrap_or(line));
+    }
+    parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_subcommand_means_train_with_defaults() {
+        let cli = Cli::try_parse_from(["ndmem"]).unwrap();
+        assert!(cli.command.is_none());
+        let o = cli.train.options();
+        assert_eq!(
+            (o.epochs, o.batch, o.hidden, o.modes.len()),
+            (100, 16, 32, 3)
+        );
+        assert_eq!(o.json, PathBuf::from("./ndmem-report.json"));
+        let cli = Cli::try_parse_from(["ndmem", "--mode", "pool", "--max-bytes", "64K"]).unwrap();
+        assert_eq!(cli.train.options().modes, vec![Mode::Pool]);
+        assert_eq!(cli.train.max_bytes, Some(65536));
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        let cli = Cli::try_parse_from(["ndmem", "train", "--epochs", "3", "--out-dir", "/tmp/x"])
+            .unwrap();
+        let Some(Command::Train(args)) = cli.command else {
+            panic!("train expected")
+        };
+        assert_eq!(args.options().svg, PathBuf::from("/tmp/x/ndmem-report.svg"));
+        let cli = Cli::try_parse_from(["ndmem", "report", "r.json", "-o", "r.svg"]).unwrap();
+        let Some(Command::Report(args)) = cli.command else {
+            panic!("report expected")
+        };
+        assert_eq!((args.json, args.output), ("r.json".into(), "r.svg".into()));
+        assert!(matches!(
+            Cli::try_parse_from(["ndmem", "limits"]).unwrap().command,
+            Some(Command::Limits)
+        ));
+    }
+
+    #[test]
+    fn bad_values_give_one_line_naming_the_option() {
+        for (args, needle) in [
+            (&["ndmem", "--batch", "0"][..], "--batch"),
+            (
+                &["ndmem", "train", "--epochs", "-1"][..],
+                "at least 1, got -1",
+            ),
+            (&["ndmem", "--mode", "heap"][..], "possible values"),
+            (&["ndmem", "--lr", "nan"][..], "--lr"),
+            (&["ndmem", "--max-bytes", "8X"][..], "unknown unit"),
+            (&["ndmem", "--hidden", "many"][..], "not a whole number"),
+            (&["ndmem", "bogus"][..], "unrecognized subcommand 'bogus'"),
+        ] {
+            let err = Cli::try_parse_from(args).unwrap_err();
+            let line = one_line(&err.render().to_string());
+            assert!(
+                !line.contains('\n') && line.contains(needle) && !line.contains("Usage"),
+                "{args:?}: {line}"
+            );
+            assert!(!line.contains("ndmem <COMMAND>"), "{args:?}: {line}");
+        }
+    }
+}

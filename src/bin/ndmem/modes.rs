@@ -1,0 +1,208 @@
+//! The three memory modes a training step runs under, and the [`Trainer`] that keeps the
+//! model's parameters where its mode wants them.
+//!
+//! - `pool`: no workspace, no scope. Every op output is a pool block owned by its handles,
+//!   freed through epoch reclamation when the last handle drops.
+//! - `workspaces`: each step is one cycle of a FirstLoop workspace. Parameters are detached
+//!   pool tensors updated in place, so once the first cycle has learned the workspace's
+//!   size a step takes nothing from the pool.
+//! - `scopes`: each step opens a child scope that owns the batch and every tensor derived
+//!   from it, and closes it at the end; the parameters belong to a base scope.
+//!
+//! Invariant: a step does the same arithmetic in every mode (see `model`); only placement
+//! differs, so the loss curves agree bit for bit.
+
+use ndmem::{workspaces, Result, Scope, Tensor, WorkspaceConfig};
+
+use crate::model::{Dims, Mlp};
+
+/// Id of the workspace a training step runs in.
+pub const STEP_WORKSPACE: &str = "TRAIN_STEP";
+/// Id of the workspace evaluation runs in.
+pub const EVAL_WORKSPACE: &str = "EVAL";
+
+/// Where a step's tensors live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Pool blocks owned by their handles.
+    Pool,
+    /// A cyclic workspace per step.
+    Workspaces,
+    /// A child scope per step.
+    Scopes,
+}
+
+impl Mode {
+    /// Every mode, in the order they run.
+    pub const ALL: [Mode; 3] = [Mode::Pool, Mode::Workspaces, Mode::Scopes];
+
+    /// The mode's name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Pool => "pool",
+            Mode::Workspaces => "workspaces",
+            Mode::Scopes => "scopes",
+        }
+    }
+
+    /// One line on what the mode does.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Mode::Pool => "every tensor a pool block, freed when its last handle drops",
+            Mode::Workspaces => "a FirstLoop workspace cycle per step, parameters detached",
+            Mode::Scopes => "a child scope per step, closed at its end; parameters in a base scope",
+        }
+    }
+}
+
+/// A model and the memory discipline its steps follow.
+pub struct Trainer {
+    mode: Mode,
+    dims: Dims,
+    model: Mlp,
+    /// The scope owning the parameters (`scopes` mode).
+    base: Option<Scope>,
+    config: WorkspaceConfig,
+}
+
+impl Trainer {
+    /// A freshly initialised model (same values for the same seed in every mode).
+    pub fn new(mode: Mode, dims: Dims, seed: u64) -> Result<Trainer> {
+        // Parameters go to the pool (or the base scope), whatever workspace is current.
+        let _out = workspaces().scope_out();
+        let base = (mode == Mode::Scopes).then(|| Scope::new_base("parameters"));
+        let model = match &base {
+            Some(scope) => Mlp::new(dims, seed, |v, s| scope.from_slice(v, s))?,
+            None => Mlp::new(dims, seed, Tensor::from_slice)?,
+        };
+        Ok(Trainer {
+            mode,
+            dims,
+            model,
+            base,
+            config: WorkspaceConfig::default(),
+        })
+    }
+
+    /// One SGD step on a batch of `x.len() / inputs` rows with one-hot targets `y`;
+    /// returns the batch's loss before the update.
+    pub fn step(&mut self, x: &[f32], y: &[f32], lr: f32) -> Result<f32> {
+        let rows = x.len() / self.dims.inputs;
+        let (x_shape, y_shape) = ([rows, self.dims.inputs], [rows, self.dims.classes]);
+        match self.mode {
+            Mode::Pool => {
+                let (x, y) = (
+                    Tensor::from_slice(x, &x_shape)?,
+                    Tensor::from_slice(y, &y_shape)?,
+                );
+                let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+                self.model.sgd(&grads, lr)?;
+                Ok(loss)
+            }
+            Mode::Workspaces => {
+                let _cycle = workspaces().get_and_activate(&self.config, STEP_WORKSPACE)?;
+                let (x, y) = (
+                    Tensor::from_slice(x, &x_shape)?,
+                    Tensor::from_slice(y, &y_shape)?,
+                );
+                let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+                self.model.sgd(&grads, lr)?;
+                Ok(loss)
+            } // the cycle ends here, after every tensor of the step has dropped
+            Mode::Scopes => {
+                let base = self.base.as_ref().expect("scopes mode has a base scope");
+                let batch = base.child("batch")?;
+                let loss = {
+                    let (x, y) = (
+                        batch.from_slice(x, &x_shape)?,
+                        batch.from_slice(y, &y_shape)?,
+                    );
+                    let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+                    self.model.sgd(&grads, lr)?;
+                    loss
+                };
+                batch.close()?;
+                Ok(loss)
+            }
+        }
+    }
+
+    /// Fraction of rows of `x` whose predicted class is `labels[i]`, computed under the
+    /// mode's discipline (its own workspace or child scope).
+    pub fn accuracy(&self, x: &[f32], labels: &[usize]) -> Result<f64> {
+        let rows = labels.len();
+        let shape = [rows, self.dims.inputs];
+        let predicted = match self.mode {
+            Mode::Pool => self.model.predict(&Tensor::from_slice(x, &shape)?)?,
+            Mode::Workspaces => {
+                let ws = workspaces();
+                let predicted = {
+                    let _cycle = ws.get_and_activate(&self.config, EVAL_WORKSPACE)?;
+                    self.model.predict(&Tensor::from_slice(x, &shape)?)?
+                };
+                ws.destroy(EVAL_WORKSPACE)?;
+                predicted
+            }
+            Mode::Scopes => {
+                let base = self.base.as_ref().expect("scopes mode has a base scope");
+                let eval = base.child("eval")?;
+                let predicted = self.model.predict(&eval.from_slice(x, &shape)?)?;
+                eval.close()?;
+                predicted
+            }
+        };
+        let correct = predicted
+            .iter()
+            .zip(labels)
+            .filter(|(p, l)| usize::try_from(**p).is_ok_and(|p| p == **l))
+            .count();
+        Ok(correct as f64 / rows.max(1) as f64)
+    }
+}
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        if self.mode == Mode::Workspaces {
+            // Gives the learned buffer back; absent if the first step failed early.
+            let _ = workspaces().destroy(STEP_WORKSPACE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIMS: Dims = Dims {
+        inputs: 4,
+        hidden: 8,
+        classes: 3,
+    };
+
+    fn batch(step: usize) -> (Vec<f32>, Vec<f32>) {
+        let x = (0..16 * 4)
+            .map(|i| ((i + step) as f32 * 0.37).sin())
+            .collect();
+        let y = (0..16)
+            .flat_map(|r| (0..3).map(move |c| f32::from(u8::from((r + step) % 3 == c))))
+            .collect();
+        (x, y)
+    }
+
+    #[test]
+    fn every_mode_computes_the_same_bits() {
+        let mut curves = Vec::new();
+        for mode in Mode::ALL {
+            let mut trainer = Trainer::new(mode, DIMS, 11).unwrap();
+            let curve: Vec<u32> = (0..5)
+                .map(|s| {
+                    let (x, y) = batch(s);
+                    trainer.step(&x, &y, 0.1).unwrap().to_bits()
+                })
+                .collect();
+            curves.push(curve);
+        }
+        assert_eq!(curves[0], curves[1]);
+        assert_eq!(curves[0], curves[2]);
+    }
+}

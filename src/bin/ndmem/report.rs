@@ -1,0 +1,353 @@
+//! The run's results: what `ndmem-report.json` holds (serde), the summary table printed at
+//! the end of a run, and the bit-for-bit comparison of the modes' loss curves.
+//!
+//! Invariant: every figure is read from the `ndmem-alloc` counters during the run; this
+//! module only stores, compares and formats them.
+
+use std::fs;
+use std::path::Path;
+
+use ndmem::alloc::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// Everything a run measured; the JSON report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// Version of the `ndmem` package that wrote it.
+    pub ndmem_version: String,
+    /// The training set-up.
+    pub config: RunConfig,
+    /// One entry per mode, in run order.
+    pub modes: Vec<ModeReport>,
+}
+
+/// The training set-up shared by every mode.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// Data set name.
+    pub dataset: String,
+    /// Training rows.
+    pub train_rows: usize,
+    /// Test rows.
+    pub test_rows: usize,
+    /// Input features.
+    pub features: usize,
+    /// Classes.
+    pub classes: usize,
+    /// Hidden units.
+    pub hidden: usize,
+    /// Epochs asked for.
+    pub epochs: u32,
+    /// Cap on steps per mode, if one was given.
+    pub max_steps: Option<u64>,
+    /// Rows per batch.
+    pub batch: usize,
+    /// SGD learning rate.
+    pub lr: f32,
+    /// Seed of the split, the shuffles and the initial weights.
+    pub seed: u64,
+    /// The pool's off-heap limit during the run (`None`: unlimited).
+    pub max_bytes: Option<usize>,
+}
+
+/// What one mode measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModeReport {
+    /// `pool`, `workspaces` or `scopes`.
+    pub mode: String,
+    /// Steps run.
+    pub steps: usize,
+    /// Seconds spent inside steps (measurement excluded).
+    pub step_seconds: f64,
+    /// Steps per second.
+    pub steps_per_sec: f64,
+    /// Pool blocks handed out by the first step.
+    pub first_step_pool_allocations: u64,
+    /// Mean pool blocks handed out per step after the first.
+    pub pool_allocations_per_step: f64,
+    /// Mean times per step after the first that the pool went to the OS.
+    pub os_allocations_per_step: f64,
+    /// Mean heap allocations per step after the first.
+    pub heap_allocations_per_step: f64,
+    /// Highest pool live bytes during the mode.
+    pub peak_pool_bytes: usize,
+    /// Highest pool used bytes (live + cached, what counts against the limit).
+    pub peak_pool_used_bytes: usize,
+    /// Highest heap live bytes during the mode.
+    pub peak_heap_bytes: usize,
+    /// Loss of the last step.
+    pub final_loss: f32,
+    /// Test-set accuracy after training.
+    pub test_accuracy: f64,
+    /// Per-step figures.
+    pub series: Series,
+}
+
+/// Per-step figures, one value per step.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Series {
+    /// Batch loss before the step's update.
+    pub loss: Vec<f32>,
+    /// Pool live bytes at the step's highest point.
+    pub pool_peak_bytes: Vec<usize>,
+    /// Pool live bytes after the step.
+    pub pool_live_bytes: Vec<usize>,
+    /// Pool blocks handed out during the step.
+    pub pool_allocations: Vec<u64>,
+    /// Times the pool went to the OS during the step.
+    pub os_allocations: Vec<u64>,
+    /// Heap live bytes after the step.
+    pub heap_live_bytes: Vec<usize>,
+    /// Heap allocations during the step.
+    pub heap_allocations: Vec<u64>,
+}
+
+impl Series {
+    /// Empty series with room for `steps` values each (so recording never reallocates).
+    pub fn with_capacity(steps: usize) -> Series {
+        Series {
+            loss: Vec::with_capacity(steps),
+            pool_peak_bytes: Vec::with_capacity(steps),
+            pool_live_bytes: Vec::with_capacity(steps),
+            pool_allocations: Vec::with_capacity(steps),
+            os_allocations: Vec::with_capacity(steps),
+            heap_live_bytes: Vec::with_capacity(steps),
+            heap_allocations: Vec::with_capacity(steps),
+        }
+    }
+}
+
+/// Mean of `values` after the first (0 when there are fewer than two).
+pub fn mean_after_first(values: &[u64]) -> f64 {
+    match values.len() {
+        0 | 1 => 0.0,
+        n => values[1..].iter().sum::<u64>() as f64 / (n - 1) as f64,
+    }
+}
+
+/// How the modes' loss curves compare.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Agreement {
+    /// Fewer than two modes ran.
+    Single,
+    /// Every curve has the same f32 bits at every step.
+    Identical {
+        /// Steps compared.
+        steps: usize,
+    },
+    /// Some curve differs from the first mode's.
+    Differs {
+        /// The mode compared against.
+        reference: String,
+        /// The mode that differs.
+        mode: String,
+        /// First differing step (0-based), or the shorter length.
+        step: usize,
+        /// The two values there, if both curves reach it.
+        values: Option<(f32, f32)>,
+    },
+}
+
+impl Report {
+    /// Compares the loss curves of every mode with the first mode's, bit for bit.
+    pub fn agreement(&self) -> Agreement {
+        let Some((first, rest)) = self.modes.split_first() else {
+            return Agreement::Single;
+        };
+        if rest.is_empty() {
+            return Agreement::Single;
+        }
+        let reference = &first.series.loss;
+        for other in rest {
+            let curve = &other.series.loss;
+            let mismatch = reference
+                .iter()
+                .zip(curve)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            let step = match mismatch {
+                Some(step) => step,
+                None if curve.len() != reference.len() => reference.len().min(curve.len()),
+                None => continue,
+            };
+            return Agreement::Differs {
+                reference: first.mode.clone(),
+                mode: other.mode.clone(),
+                step,
+                values: reference.get(step).copied().zip(curve.get(step).copied()),
+            };
+        }
+        Agreement::Identical {
+            steps: reference.len(),
+        }
+    }
+
+    /// The report as JSON.
+    pub fn write_json(&self, path: &Path) -> Result<(), String> {
+        let mut text = serde_json::to_string(self)
+            .map_err(|e| format!("cannot encode the report as JSON: {e}"))?;
+        text.push('\n');
+        fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    /// Reads a report written by [`Report::write_json`].
+    pub fn read_json(path: &Path) -> Result<Report, String> {
+        let text =
+            fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not an ndmem report: {e}", path.display()))
+    }
+
+    /// The summary table, one row per mode.
+    pub fn table(&self) -> String {
+        let header = [
+            "mode",
+            "steps/s",
+            "pool allocs/step",
+            "OS allocs/step",
+            "heap allocs/step",
+            "peak off-heap",
+            "heap peak",
+            "final loss",
+            "test acc",
+        ];
+        let mut rows = vec![header.map(String::from).to_vec()];
+        for m in &self.modes {
+            rows.push(vec![
+                m.mode.clone(),
+                format!("{:.0}", m.steps_per_sec),
+                format!("{:.2}", m.pool_allocations_per_step),
+                format!("{:.2}", m.os_allocations_per_step),
+                format!("{:.1}", m.heap_allocations_per_step),
+                ByteSize(m.peak_pool_bytes).to_string(),
+                ByteSize(m.peak_heap_bytes).to_string(),
+                format!("{:.4}", m.final_loss),
+                format!("{:.1}%", m.test_accuracy * 100.0),
+            ]);
+        }
+        let widths: Vec<usize> = (0..header.len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        let mut out = String::new();
+        for row in &rows {
+            let mut line = String::new();
+            for (c, cell) in row.iter().enumerate() {
+                if c == 0 {
+                    line.push_str(&format!("{cell:<w$}", w = widths[c]));
+                } else {
+                    line.push_str(&format!("  {cell:>w$}", w = widths[c]));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(name: &str, loss: &[f32]) -> ModeReport {
+        ModeReport {
+            mode: name.into(),
+            steps: loss.len(),
+            step_seconds: 0.5,
+            steps_per_sec: 2.0 * loss.len() as f64,
+            first_step_pool_allocations: 9,
+            pool_allocations_per_step: 0.0,
+            os_allocations_per_step: 0.0,
+            heap_allocations_per_step: 3.0,
+            peak_pool_bytes: 4096,
+            peak_pool_used_bytes: 8192,
+            peak_heap_bytes: 1 << 20,
+            final_loss: *loss.last().unwrap_or(&0.0),
+            test_accuracy: 0.9,
+            series: Series {
+                loss: loss.to_vec(),
+                ..Series::default()
+            },
+        }
+    }
+
+    fn report(modes: Vec<ModeReport>) -> Report {
+        Report {
+            ndmem_version: "0".into(),
+            config: RunConfig {
+                dataset: "iris".into(),
+                train_rows: 120,
+                test_rows: 30,
+                features: 4,
+                classes: 3,
+                hidden: 8,
+                epochs: 1,
+                max_steps: None,
+                batch: 16,
+                lr: 0.1,
+                seed: 1,
+                max_bytes: None,
+            },
+            modes,
+        }
+    }
+
+    #[test]
+    fn agreement_compares_bits_and_names_the_first_difference() {
+        let a = [1.0f32, 0.5, 0.25];
+        let r = report(vec![mode("pool", &a), mode("scopes", &a)]);
+        assert_eq!(r.agreement(), Agreement::Identical { steps: 3 });
+        let r = report(vec![
+            mode("pool", &a),
+            mode("scopes", &[1.0, 0.5, 0.250001]),
+        ]);
+        assert!(
+            matches!(r.agreement(), Agreement::Differs { step: 2, ref mode, .. } if mode == "scopes")
+        );
+        // 0.0 and -0.0 compare equal as floats but not as bits.
+        let r = report(vec![mode("pool", &[0.0]), mode("scopes", &[-0.0])]);
+        assert!(matches!(r.agreement(), Agreement::Differs { step: 0, .. }));
+        let r = report(vec![mode("pool", &a), mode("scopes", &a[..2])]);
+        assert!(matches!(
+            r.agreement(),
+            Agreement::Differs {
+                step: 2,
+                values: None,
+                ..
+            }
+        ));
+        assert_eq!(
+            report(vec![mode("pool", &a)]).agreement(),
+            Agreement::Single
+        );
+    }
+
+    #[test]
+    fn json_round_trips_loss_bits() {
+        let loss = [1.0986123f32, 0.1 + 0.2, f32::MIN_POSITIVE, 3.4e38];
+        let r = report(vec![mode("pool", &loss)]);
+        let dir = std::env::temp_dir().join(format!("ndmem-report-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.json");
+        r.write_json(&path).unwrap();
+        let back = Report::read_json(&path).unwrap();
+        let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&back.modes[0].series.loss), bits(&loss));
+        fs::write(&path, "{}").unwrap();
+        assert!(Report::read_json(&path)
+            .unwrap_err()
+            .contains("not an ndmem report"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn table_has_a_row_per_mode_and_aligned_columns() {
+        let r = report(vec![mode("pool", &[1.0]), mode("workspaces", &[1.0])]);
+        let table = r.table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[1].starts_with("pool ") && lines[2].starts_with("workspaces"));
+        assert!(lines[0].contains("pool allocs/step") && lines[2].contains("90.0%"));
+        assert_eq!(mean_after_first(&[7, 1, 3]), 2.0);
+        assert_eq!(mean_after_first(&[7]), 0.0);
+    }
+}

@@ -1,0 +1,301 @@
+//! `ndmem train`: the same training run under each memory mode, measured step by step
+//! from the pool's and the heap's counters, then summarised, compared and written out.
+//!
+//! Invariant: measurement happens between steps, outside the timed region, and the series
+//! it records have their capacity reserved up front, so recording neither allocates during
+//! a step nor shows up in steps/s.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ndmem::alloc::{heap, physical_ram, ByteSize, LimitSource, Limits, Pool, ENV_MAX_BYTES};
+use ndmem::reclaim;
+
+use crate::data::{fill_batch, Dataset, Rng, Split, CLASSES, FEATURES};
+use crate::model::Dims;
+use crate::modes::{Mode, Trainer};
+use crate::report::{mean_after_first, Agreement, ModeReport, Report, RunConfig, Series};
+use crate::{chart, Failure};
+
+/// What `ndmem train` was asked to do.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// Modes to run, in order.
+    pub modes: Vec<Mode>,
+    /// Passes over the training rows.
+    pub epochs: u32,
+    /// Cap on steps per mode.
+    pub max_steps: Option<u64>,
+    /// Rows per batch.
+    pub batch: usize,
+    /// Hidden units.
+    pub hidden: usize,
+    /// Learning rate.
+    pub lr: f32,
+    /// Seed.
+    pub seed: u64,
+    /// Off-heap limit to set on the global pool.
+    pub max_bytes: Option<usize>,
+    /// Where to write the JSON report.
+    pub json: PathBuf,
+    /// Where to write the SVG report.
+    pub svg: PathBuf,
+}
+
+/// Runs the training in every requested mode, prints the summary and writes the reports.
+/// Fails (after writing the reports) if the loss curves are not identical.
+pub fn run(options: &TrainOptions) -> Result<(), Failure> {
+    let pool = Pool::try_global().map_err(|e| Failure::config(e.to_string()))?;
+    if let Some(limit) = options.max_bytes {
+        pool.set_max_bytes(Some(limit))
+            .map_err(|e| Failure::config(format!("--max-bytes {}: {e}", ByteSize(limit))))?;
+    }
+    let data = Dataset::iris().map_err(Failure::runtime)?;
+    let split = Split::new(&data, options.seed);
+    let dims = Dims {
+        inputs: FEATURES,
+        hidden: options.hidden,
+        classes: CLASSES.len(),
+    };
+    let steps_per_epoch = split.train.rows().div_ceil(options.batch);
+    let mut total = steps_per_epoch as u64 * u64::from(options.epochs);
+    if let Some(cap) = options.max_steps {
+        total = total.min(cap);
+    }
+    println!(
+        "ndmem train: Iris ({} flowers: {} train / {} test, {} features, {} classes), MLP {}-{}-{} ({} parameters), SGD lr {}, batch {}, {} epoch{} = {} steps per mode, seed {}",
+        data.rows(),
+        split.train.rows(),
+        split.test.rows(),
+        FEATURES,
+        CLASSES.len(),
+        dims.inputs,
+        dims.hidden,
+        dims.classes,
+        dims.parameters(),
+        options.lr,
+        options.batch,
+        options.epochs,
+        if options.epochs == 1 { "" } else { "s" },
+        total,
+        options.seed
+    );
+    let limit = pool.limits().0;
+    let source = if options.max_bytes.is_some() {
+        "--max-bytes".to_string()
+    } else {
+        match Limits::from_env().map(|l| l.sources.max_bytes) {
+            Ok(LimitSource::Environment) => ENV_MAX_BYTES.to_string(),
+            _ => format!("default: 1/2 of RAM {}", ByteSize(physical_ram())),
+        }
+    };
+    println!(
+        "off-heap limit {} ({source}); heap counted by ndmem_alloc::Tracking<System>",
+        limit.map_or_else(|| "unlimited".to_string(), |l| ByteSize(l).to_string())
+    );
+    for mode in &options.modes {
+        println!("  {:<11} {}", mode.name(), mode.describe());
+    }
+    println!();
+
+    let mut report = Report {
+        ndmem_version: env!("CARGO_PKG_VERSION").to_string(),
+        config: RunConfig {
+            dataset: "iris".into(),
+            train_rows: split.train.rows(),
+            test_rows: split.test.rows(),
+            features: FEATURES,
+            classes: CLASSES.len(),
+            hidden: options.hidden,
+            epochs: options.epochs,
+            max_steps: options.max_steps,
+            batch: options.batch,
+            lr: options.lr,
+            seed: options.seed,
+            max_bytes: limit,
+        },
+        modes: Vec::new(),
+    };
+    for &mode in &options.modes {
+        let measured = run_mode(mode, options, &split, dims, total as usize).map_err(|e| {
+            let set_by = match options.max_bytes {
+                Some(limit) => format!(" (the limit was set by --max-bytes {})", ByteSize(limit)),
+                None => String::new(),
+            };
+            Failure::runtime(format!(
+                "training in {} mode failed {e}{set_by}",
+                mode.name()
+            ))
+        })?;
+        report.modes.push(measured);
+    }
+
+    println!();
+    print!("{}", report.table());
+    println!();
+    let agreement = report.agreement();
+    match &agreement {
+        Agreement::Single => println!("loss curves identical across modes: n/a (one mode ran)"),
+        Agreement::Identical { steps } => {
+            println!(
+                "loss curves identical across modes: yes ({steps} steps, compared as f32 bits)"
+            )
+        }
+        Agreement::Differs { .. } => println!("loss curves identical across modes: NO"),
+    }
+    print_comparison(&report);
+    report.write_json(&options.json).map_err(Failure::runtime)?;
+    chart::write(&report, &options.svg).map_err(Failure::runtime)?;
+    println!(
+        "report: {} and {}",
+        options.json.display(),
+        options.svg.display()
+    );
+    if let Agreement::Differs {
+        reference,
+        mode,
+        step,
+        values,
+    } = agreement
+    {
+        let detail = values.map_or_else(
+            || "one curve is shorter".to_string(),
+            |(a, b)| {
+                format!(
+                    "{a:e} ({:#010x}) vs {b:e} ({:#010x})",
+                    a.to_bits(),
+                    b.to_bits()
+                )
+            },
+        );
+        return Err(Failure::runtime(format!(
+            "loss curves differ: {mode} departs from {reference} at step {}: {detail}",
+            step + 1
+        )));
+    }
+    Ok(())
+}
+
+/// One line comparing `workspaces` (and `scopes`) with `pool`, when they ran.
+fn print_comparison(report: &Report) {
+    let find = |name: &str| report.modes.iter().find(|m| m.mode == name);
+    let Some(pool) = find("pool") else { return };
+    for other in [find("workspaces"), find("scopes")].into_iter().flatten() {
+        println!(
+            "{}: {:.2}x the steps/s of pool, {:.2} pool allocations per step after step 1 (pool: {:.2})",
+            other.mode,
+            other.steps_per_sec / pool.steps_per_sec.max(f64::MIN_POSITIVE),
+            other.pool_allocations_per_step,
+            pool.pool_allocations_per_step
+        );
+    }
+}
+
+fn progress_bar(mode: Mode, total: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{prefix:>11} [{bar:32}] {pos:>6}/{len} steps {per_sec:>14}  loss {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(mode.name());
+    bar
+}
+
+/// Trains in one mode and measures every step.
+fn run_mode(
+    mode: Mode,
+    options: &TrainOptions,
+    split: &Split,
+    dims: Dims,
+    total: usize,
+) -> Result<ModeReport, String> {
+    let pool = Pool::global();
+    // Start from a cold pool: memory deferred or cached by an earlier mode goes back.
+    reclaim::collect();
+    pool.trim();
+    let bar = progress_bar(mode, total as u64);
+    let mut series = Series::with_capacity(total);
+    let mut order: Vec<usize> = (0..split.train.rows()).collect();
+    let mut shuffle = Rng::new(options.seed ^ 0x0e90_c400_0000_0003);
+    let batch_rows = options.batch.min(split.train.rows());
+    let mut x = Vec::with_capacity(batch_rows * FEATURES);
+    let mut y = Vec::with_capacity(batch_rows * CLASSES.len());
+    let (mut peak_live, mut peak_used, mut peak_heap) = (0, 0, 0);
+    let mut elapsed = Duration::ZERO;
+    heap::reset_peak();
+
+    let mut trainer = Trainer::new(mode, dims, options.seed)
+        .map_err(|e| format!("creating the parameters: {e}"))?;
+    'epochs: for _ in 0..options.epochs {
+        shuffle.shuffle(&mut order);
+        for rows in order.chunks(options.batch) {
+            if series.loss.len() >= total {
+                break 'epochs;
+            }
+            fill_batch(&split.train, rows, &mut x, &mut y);
+            pool.reset_peak();
+            let (before, heap_before) = (pool.stats(), heap::stats());
+
+            let started = Instant::now();
+            let loss = trainer
+                .step(&x, &y, options.lr)
+                .map_err(|e| format!("at step {}: {e}", series.loss.len() + 1))?;
+            elapsed += started.elapsed();
+
+            let (after, heap_after) = (pool.stats(), heap::stats());
+            peak_live = peak_live.max(after.peak_bytes);
+            peak_used = peak_used.max(after.peak_used_bytes);
+            peak_heap = peak_heap.max(heap_after.peak_bytes);
+            series.loss.push(loss);
+            series.pool_peak_bytes.push(after.peak_bytes);
+            series.pool_live_bytes.push(after.live_bytes);
+            series
+                .pool_allocations
+                .push(after.allocations - before.allocations);
+            series
+                .os_allocations
+                .push(after.os_allocations - before.os_allocations);
+            series.heap_live_bytes.push(heap_after.live_bytes);
+            series
+                .heap_allocations
+                .push(heap_after.allocations - heap_before.allocations);
+            bar.inc(1);
+            if series.loss.len() % 16 == 1 {
+                bar.set_message(format!("{loss:.4}"));
+            }
+        }
+    }
+    let accuracy = trainer
+        .accuracy(&split.test.features, &split.test.labels)
+        .map_err(|e| format!("evaluating the test rows: {e}"))?;
+    drop(trainer);
+    let final_loss = series.loss.last().copied().unwrap_or(f32::NAN);
+    bar.finish_with_message(format!(
+        "{final_loss:.4}, test accuracy {:.1}%",
+        accuracy * 100.0
+    ));
+    let steps = series.loss.len();
+    let seconds = elapsed.as_secs_f64();
+    Ok(ModeReport {
+        mode: mode.name().to_string(),
+        steps,
+        step_seconds: seconds,
+        steps_per_sec: if seconds > 0.0 {
+            steps as f64 / seconds
+        } else {
+            0.0
+        },
+        first_step_pool_allocations: series.pool_allocations.first().copied().unwrap_or(0),
+        pool_allocations_per_step: mean_after_first(&series.pool_allocations),
+        os_allocations_per_step: mean_after_first(&series.os_allocations),
+        heap_allocations_per_step: mean_after_first(&series.heap_allocations),
+        peak_pool_bytes: peak_live,
+        peak_pool_used_bytes: peak_used,
+        peak_heap_bytes: peak_heap,
+        final_loss,
+        test_accuracy: accuracy,
+        series,
+    })
+}
