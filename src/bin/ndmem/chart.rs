@@ -13,7 +13,7 @@ use plotters::prelude::*;
 use crate::report::{ModeReport, Report};
 
 /// Most points drawn per line.
-pub const MAX_POINTS: usize = 400;
+pub const MAX_POINTS: usize = 300;
 
 /// Canvas size in pixels.
 const SIZE: (u32, u32) = (1200, 820);
@@ -56,7 +56,7 @@ const PANELS: [Panel; 4] = [
         reduce: max,
     },
     Panel {
-        title: "Heap memory live after each step (Tracking allocator)",
+        title: "Heap bytes live after each step, above the mode's start",
         y_label: "KiB",
         values: |m| kib(&m.series.heap_live_bytes),
         reduce: max,
@@ -160,7 +160,8 @@ fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Err
             .x_desc("step")
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_desc(panel.y_label)
-            .light_line_style(RGBColor(235, 235, 235))
+            .max_light_lines(2)
+            .light_line_style(RGBColor(240, 240, 240))
             .draw()?;
         // Widest first, so lines that coincide stay visible as a core inside a halo.
         let count = lines.len() as u32;

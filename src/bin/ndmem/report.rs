@@ -59,7 +59,8 @@ pub struct ModeReport {
     pub steps: usize,
     /// Seconds spent inside steps (measurement excluded).
     pub step_seconds: f64,
-    /// Steps per second.
+    /// Steps per second: one over the median step time after the first step (robust to
+    /// the odd step that lost its core to another process).
     pub steps_per_sec: f64,
     /// Pool blocks handed out by the first step.
     pub first_step_pool_allocations: u64,
@@ -73,7 +74,7 @@ pub struct ModeReport {
     pub peak_pool_bytes: usize,
     /// Highest pool used bytes (live + cached, what counts against the limit).
     pub peak_pool_used_bytes: usize,
-    /// Highest heap live bytes during the mode.
+    /// Highest heap live bytes during the mode, above the heap live when it started.
     pub peak_heap_bytes: usize,
     /// Loss of the last step.
     pub final_loss: f32,
@@ -96,10 +97,12 @@ pub struct Series {
     pub pool_allocations: Vec<u64>,
     /// Times the pool went to the OS during the step.
     pub os_allocations: Vec<u64>,
-    /// Heap live bytes after the step.
+    /// Heap live bytes after the step, above the heap live when the mode started.
     pub heap_live_bytes: Vec<usize>,
     /// Heap allocations during the step.
     pub heap_allocations: Vec<u64>,
+    /// Wall-clock nanoseconds of the step.
+    pub step_nanos: Vec<u64>,
 }
 
 impl Series {
@@ -113,6 +116,7 @@ impl Series {
             os_allocations: Vec::with_capacity(steps),
             heap_live_bytes: Vec::with_capacity(steps),
             heap_allocations: Vec::with_capacity(steps),
+            step_nanos: Vec::with_capacity(steps),
         }
     }
 }
@@ -122,6 +126,31 @@ pub fn mean_after_first(values: &[u64]) -> f64 {
     match values.len() {
         0 | 1 => 0.0,
         n => values[1..].iter().sum::<u64>() as f64 / (n - 1) as f64,
+    }
+}
+
+/// Steps per second from the median of `nanos` after the first step (all of them when
+/// there is only one); 0 when nothing was timed.
+pub fn steps_per_sec(nanos: &[u64]) -> f64 {
+    let mut timed = nanos
+        .get(1..)
+        .filter(|t| !t.is_empty())
+        .unwrap_or(nanos)
+        .to_vec();
+    if timed.is_empty() {
+        return 0.0;
+    }
+    timed.sort_unstable();
+    let middle = timed.len() / 2;
+    let median = if timed.len() % 2 == 0 {
+        (timed[middle - 1] + timed[middle]) as f64 / 2.0
+    } else {
+        timed[middle] as f64
+    };
+    if median > 0.0 {
+        1e9 / median
+    } else {
+        0.0
     }
 }
 
@@ -240,6 +269,11 @@ impl Report {
             out.push_str(line.trim_end());
             out.push('\n');
         }
+        out.push_str(
+            "(steps/s: 1 / median step time; per step: means over the steps after the first; \
+             peak off-heap: pool bytes live; heap peak: bytes live through Tracking<System> \
+             above the mode's start)\n",
+        );
         out
     }
 }
@@ -344,10 +378,19 @@ mod tests {
         let r = report(vec![mode("pool", &[1.0]), mode("workspaces", &[1.0])]);
         let table = r.table();
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 3);
+        assert_eq!(lines.len(), 4);
+        assert!(lines[3].starts_with("(steps/s"));
         assert!(lines[1].starts_with("pool ") && lines[2].starts_with("workspaces"));
         assert!(lines[0].contains("pool allocs/step") && lines[2].contains("90.0%"));
         assert_eq!(mean_after_first(&[7, 1, 3]), 2.0);
         assert_eq!(mean_after_first(&[7]), 0.0);
+        // The first step and a preempted one do not move the median.
+        assert_eq!(
+            steps_per_sec(&[9_000_000, 1000, 1000, 5_000_000, 1000]),
+            1e6
+        );
+        assert_eq!(steps_per_sec(&[500]), 2e6);
+        assert_eq!(steps_per_sec(&[7, 1000, 3000]), 5e5);
+        assert_eq!(steps_per_sec(&[]), 0.0);
     }
 }

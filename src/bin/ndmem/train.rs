@@ -15,7 +15,9 @@ use ndmem::reclaim;
 use crate::data::{fill_batch, Dataset, Rng, Split, CLASSES, FEATURES};
 use crate::model::Dims;
 use crate::modes::{Mode, Trainer};
-use crate::report::{mean_after_first, Agreement, ModeReport, Report, RunConfig, Series};
+use crate::report::{
+    mean_after_first, steps_per_sec, Agreement, ModeReport, Report, RunConfig, Series,
+};
 use crate::{chart, Failure};
 
 /// What `ndmem train` was asked to do.
@@ -97,7 +99,6 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
     for mode in &options.modes {
         println!("  {:<11} {}", mode.name(), mode.describe());
     }
-    println!();
 
     let mut report = Report {
         ndmem_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -224,7 +225,10 @@ fn run_mode(
     let mut y = Vec::with_capacity(batch_rows * CLASSES.len());
     let (mut peak_live, mut peak_used, mut peak_heap) = (0, 0, 0);
     let mut elapsed = Duration::ZERO;
+    // Heap figures are taken above this baseline, so what earlier modes left (their
+    // series, held in the report) does not count against this one.
     heap::reset_peak();
+    let heap_base = heap::stats().live_bytes;
 
     let mut trainer = Trainer::new(mode, dims, options.seed)
         .map_err(|e| format!("creating the parameters: {e}"))?;
@@ -242,13 +246,17 @@ fn run_mode(
             let loss = trainer
                 .step(&x, &y, options.lr)
                 .map_err(|e| format!("at step {}: {e}", series.loss.len() + 1))?;
-            elapsed += started.elapsed();
+            let took = started.elapsed();
+            elapsed += took;
 
             let (after, heap_after) = (pool.stats(), heap::stats());
             peak_live = peak_live.max(after.peak_bytes);
             peak_used = peak_used.max(after.peak_used_bytes);
-            peak_heap = peak_heap.max(heap_after.peak_bytes);
+            peak_heap = peak_heap.max(heap_after.peak_bytes.saturating_sub(heap_base));
             series.loss.push(loss);
+            series
+                .step_nanos
+                .push(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
             series.pool_peak_bytes.push(after.peak_bytes);
             series.pool_live_bytes.push(after.live_bytes);
             series
@@ -257,7 +265,9 @@ fn run_mode(
             series
                 .os_allocations
                 .push(after.os_allocations - before.os_allocations);
-            series.heap_live_bytes.push(heap_after.live_bytes);
+            series
+                .heap_live_bytes
+                .push(heap_after.live_bytes.saturating_sub(heap_base));
             series
                 .heap_allocations
                 .push(heap_after.allocations - heap_before.allocations);
@@ -282,11 +292,7 @@ fn run_mode(
         mode: mode.name().to_string(),
         steps,
         step_seconds: seconds,
-        steps_per_sec: if seconds > 0.0 {
-            steps as f64 / seconds
-        } else {
-            0.0
-        },
+        steps_per_sec: steps_per_sec(&series.step_nanos),
         first_step_pool_allocations: series.pool_allocations.first().copied().unwrap_or(0),
         pool_allocations_per_step: mean_after_first(&series.pool_allocations),
         os_allocations_per_step: mean_after_first(&series.os_allocations),
