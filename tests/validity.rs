@@ -311,3 +311,70 @@ fn a_live_view_keeps_its_workspace_from_recycling_the_memory() {
         "after the view, the cycle moves on as usual"
     );
 }
+
+#[test]
+fn a_circular_tensor_under_a_view_is_never_overwritten_by_later_cycles() {
+    // SEMANTICS 2.4 and 3: the ring never starts a cycle in a slot a live tensor uses, so a
+    // borrowed view of circular memory reads what was written, however many cycles run.
+    let ws = workspaces();
+    let ring = WorkspaceConfig::builder()
+        .initial_size(4096)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(1.0)
+        .build()
+        .unwrap();
+    let kept = {
+        let _g = ws.get_and_activate(&ring, "RING_VIEW").unwrap();
+        Tensor::full(DType::F32, &[1024], 7.0).unwrap()
+    };
+    let view = kept.view::<f32>().unwrap();
+    for step in 0..6 {
+        let _g = ws.get_and_activate(&ring, "RING_VIEW").unwrap();
+        let fresh = Tensor::full(DType::F32, &[1024], step as f64).unwrap();
+        assert_eq!(
+            fresh.sum(None).unwrap().scalar().unwrap(),
+            1024.0 * step as f64
+        );
+        assert!(
+            view.iter().all(|&v| v == 7.0),
+            "overwritten at cycle {step}"
+        );
+    }
+    drop(view);
+    assert_eq!(kept.to_vec::<f32>().unwrap(), vec![7.0; 1024]);
+}
+
+#[test]
+fn circular_tensors_cross_threads_and_stay_intact_while_the_producer_runs_on() {
+    // SEMANTICS 3: circular workspaces are exempt from WrongThread; SEMANTICS 6: a batch a
+    // consumer holds is not overwritten by the producer's later cycles.
+    let (to_consumer, batches) = std::sync::mpsc::sync_channel::<(f64, Tensor)>(4);
+    let consumer = std::thread::spawn(move || {
+        let mut total = 0.0;
+        for (value, batch) in batches {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            let data = batch.to_vec::<f64>().unwrap();
+            assert!(
+                data.iter().all(|&v| v == value),
+                "batch {value} overwritten"
+            );
+            total += batch.add_scalar(1.0).unwrap().to_vec::<f64>().unwrap()[0];
+        }
+        total
+    });
+    let ws = workspaces();
+    let ring = WorkspaceConfig::builder()
+        .initial_size(8 * 512)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(2.0)
+        .build()
+        .unwrap();
+    for i in 0..40 {
+        let _g = ws.get_and_activate(&ring, "RING_THREADS").unwrap();
+        let batch = Tensor::full(DType::F64, &[512], i as f64).unwrap();
+        to_consumer.send((i as f64, batch)).unwrap();
+    }
+    drop(to_consumer);
+    assert_eq!(consumer.join().unwrap(), (1..=40).sum::<i32>() as f64);
+    ws.destroy("RING_THREADS").unwrap();
+}

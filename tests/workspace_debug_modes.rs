@@ -5,7 +5,7 @@ use std::alloc::Layout;
 use std::process::Command;
 
 use ndmem::workspace::{allocate_in_current, ENV_WORKSPACES};
-use ndmem::{workspaces, Error, WorkspaceConfig};
+use ndmem::{workspaces, Error, SpillPolicy, WorkspaceConfig};
 
 /// Set in the child: which scenario to check.
 const CHILD: &str = "NDMEM_TEST_WORKSPACE_MODE_CHILD";
@@ -34,6 +34,7 @@ fn child(scenario: &str) {
                 0,
                 "never learns either"
             );
+            fail_policy_still_allocates(&ws);
         }
         "bypass" => {
             let g = ws.get_and_activate(&cfg, "DEBUG").unwrap();
@@ -44,6 +45,8 @@ fn child(scenario: &str) {
             );
             g.alloc(layout).unwrap(); // the guard's allocator still works, by spilling
             assert_eq!(g.stats().size, 0);
+            drop(g);
+            fail_policy_still_allocates(&ws);
         }
         "garbage" => match ws.get_and_activate(&cfg, "DEBUG") {
             Err(Error::Config(e)) => {
@@ -57,6 +60,20 @@ fn child(scenario: &str) {
         },
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// A debug mode has no buffer to fill, so even a `SpillPolicy::Fail` workspace allocates
+/// (from the pool) instead of reporting itself full.
+fn fail_policy_still_allocates(ws: &ndmem::workspace::Workspaces) {
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(1 << 20)
+        .policy_spill(SpillPolicy::Fail)
+        .build()
+        .unwrap();
+    let g = ws.get_and_activate(&cfg, "DEBUG_FAIL").unwrap();
+    let layout = Layout::from_size_align(1000, 16).unwrap();
+    g.alloc(layout)
+        .expect("a Fail workspace allocates in a debug mode");
 }
 
 #[test]

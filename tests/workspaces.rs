@@ -185,6 +185,27 @@ fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
         .overallocation_limit(0.5)
         .build()
         .is_ok());
+    // circular + Reallocate on a user file: a rebuilt ring would map the same file again
+    let user_file = LocationPolicy::Mmap {
+        path: Some(std::env::temp_dir().join("ndmem-never-created")),
+    };
+    let circular_file = || {
+        WorkspaceConfig::builder()
+            .initial_size(4096)
+            .policy_reset(ResetPolicy::EndOfBuffer)
+            .overallocation_limit(1.0)
+            .policy_location(user_file.clone())
+    };
+    let e = config_error(
+        circular_file()
+            .policy_spill(SpillPolicy::Reallocate)
+            .build(),
+    );
+    assert!(
+        e.contains("policy_spill") && e.contains("Reallocate"),
+        "{e}"
+    );
+    assert!(circular_file().build().is_ok());
 }
 
 #[test]
@@ -671,7 +692,8 @@ fn circular_first_cycle_learns_block_and_slots() {
 #[test]
 fn circular_memory_stays_intact_until_the_ring_wraps() {
     // SEMANTICS 2.4: each cycle starts at a slot boundary; a cycle's memory stays valid
-    // until the ring wraps over it.
+    // until the ring wraps over it, and the ring never wraps over memory still referenced
+    // (SEMANTICS 3 Decision: the safe API never reads memory being reused).
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
         .initial_size(1024)
@@ -693,14 +715,142 @@ fn circular_memory_stays_intact_until_the_ring_wraps() {
         assert_eq!(read(m), vec![i as u8 + 1; 1000], "cycle {i} intact");
         m.stamp.check("read", "X").unwrap(); // exempt from the generation check
     }
-    // The fourth cycle wraps to slot 0 and overwrites the first batch only.
+    // Every slot is still referenced: the fourth cycle spills instead of wrapping.
+    {
+        let g = ws.get_and_activate(&cfg, "RING").unwrap();
+        let m = g.alloc_memory(layout(1000)).unwrap();
+        assert!(
+            (m.ptr.as_ptr() as usize) < base || m.ptr.as_ptr() as usize >= base + 3 * 1024,
+            "a cycle with every slot in use lands outside the ring"
+        );
+        write(&m, 7);
+        assert!(ws.workspace("RING").unwrap().spilled_bytes >= 1000);
+    }
+    for (i, m) in batches.iter().enumerate() {
+        assert_eq!(read(m), vec![i as u8 + 1; 1000], "cycle {i} still intact");
+    }
+    // Once the first batch is dropped, the ring wraps to its slot and reuses it.
+    let first = batches.remove(0).ptr;
     let g = ws.get_and_activate(&cfg, "RING").unwrap();
     let m = g.alloc_memory(layout(1000)).unwrap();
-    assert_eq!(m.ptr, batches[0].ptr);
+    assert_eq!(m.ptr, first);
     write(&m, 9);
-    assert_eq!(read(&batches[0]), vec![9; 1000]);
-    assert_eq!(read(&batches[1]), vec![2; 1000]);
-    assert_eq!(read(&batches[2]), vec![3; 1000]);
+    assert_eq!(read(&m), vec![9; 1000]);
+    assert_eq!(read(&batches[0]), vec![2; 1000]);
+    assert_eq!(read(&batches[1]), vec![3; 1000]);
+}
+
+#[test]
+fn a_ring_skips_slots_in_use_and_reuses_them_once_free() {
+    // SEMANTICS 2.4 with the validity Decision of 3: a slot whose memory is referenced is
+    // skipped; the cycle goes to the next free slot, in ring order.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(256)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(1.0)
+        .build()
+        .unwrap();
+    let held = {
+        let g = ws.get_and_activate(&cfg, "RING_SKIP").unwrap();
+        let m = g.alloc_memory(layout(256)).unwrap();
+        write(&m, 1);
+        m
+    };
+    assert_eq!(ws.workspace("RING_SKIP").unwrap().slots, 2);
+    let mut other = None;
+    for cycle in 2..8u8 {
+        let g = ws.get_and_activate(&cfg, "RING_SKIP").unwrap();
+        let m = g.alloc_memory(layout(256)).unwrap();
+        assert_ne!(
+            m.ptr, held.ptr,
+            "cycle {cycle} must not reuse the held slot"
+        );
+        assert_eq!(ws.workspace("RING_SKIP").unwrap().spilled_bytes, 0);
+        write(&m, cycle);
+        *other.get_or_insert(m.ptr) = m.ptr;
+        assert_eq!(
+            read(&held),
+            vec![1; 256],
+            "held batch intact at cycle {cycle}"
+        );
+    }
+    let held_ptr = held.ptr;
+    drop(held);
+    let g = ws.get_and_activate(&cfg, "RING_SKIP").unwrap();
+    let m = g.alloc_memory(layout(256)).unwrap();
+    assert!(
+        m.ptr == held_ptr || Some(m.ptr) == other,
+        "back in the ring"
+    );
+    assert_eq!(ws.workspace("RING_SKIP").unwrap().spilled_bytes, 0);
+}
+
+#[test]
+fn a_one_slot_ring_spills_while_its_slot_is_in_use() {
+    // SEMANTICS 2.4: Strict makes a ring of one slot; it never overwrites live memory.
+    let ws = workspaces();
+    let cfg = strict()
+        .initial_size(512)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .build()
+        .unwrap();
+    let held = {
+        let g = ws.get_and_activate(&cfg, "RING_ONE").unwrap();
+        let m = g.alloc_memory(layout(512)).unwrap();
+        write(&m, 3);
+        m
+    };
+    assert_eq!(ws.workspace("RING_ONE").unwrap().slots, 1);
+    {
+        let g = ws.get_and_activate(&cfg, "RING_ONE").unwrap();
+        let m = g.alloc_memory(layout(512)).unwrap();
+        assert_ne!(m.ptr, held.ptr);
+        write(&m, 4);
+        assert_eq!(ws.workspace("RING_ONE").unwrap().spilled_bytes, 512);
+    }
+    assert_eq!(read(&held), vec![3; 512]);
+    let held_ptr = held.ptr;
+    drop(held);
+    let g = ws.get_and_activate(&cfg, "RING_ONE").unwrap();
+    assert_eq!(g.alloc_memory(layout(512)).unwrap().ptr, held_ptr);
+}
+
+#[test]
+fn a_consumer_thread_never_sees_a_batch_overwritten() {
+    // SEMANTICS 2.4 and 6: a producer hands batches from a ring to a slower consumer; the
+    // ring must not lap the consumer, so every batch reads back as it was written.
+    let (to_consumer, batches) = std::sync::mpsc::channel::<(u8, WorkspaceMemory)>();
+    let consumer = std::thread::spawn(move || {
+        let mut seen = 0;
+        for (tag, batch) in batches {
+            std::thread::sleep(std::time::Duration::from_micros(300));
+            batch.stamp.check("read", "X").unwrap();
+            assert_eq!(
+                read(&batch),
+                vec![tag; batch.len],
+                "batch {tag} was overwritten"
+            );
+            seen += 1;
+        }
+        seen
+    });
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(4096)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(2.0)
+        .build()
+        .unwrap();
+    for tag in 0..60u8 {
+        let g = ws.get_and_activate(&cfg, "RING_HANDOFF").unwrap();
+        let m = g.alloc_memory(layout(4000)).unwrap();
+        write(&m, tag);
+        to_consumer.send((tag, m)).unwrap();
+    }
+    drop(to_consumer);
+    assert_eq!(consumer.join().unwrap(), 60);
+    ws.destroy("RING_HANDOFF").unwrap();
 }
 
 #[test]

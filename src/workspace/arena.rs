@@ -5,13 +5,16 @@
 //! in a spill block that the arena holds, and neither is freed or reused while any guard of
 //! the cycle that handed it out is alive: the buffer is replaced or freed and spills are
 //! dropped only when the last guard leaves (`depth` falls to 0), never through an allocation.
-//! Circular workspaces additionally hand out `Arc`s of their buffers and spills in stamps,
-//! so memory another thread may still read is freed only after its last stamp drops.
+//! Circular workspaces additionally hand out `Arc`s of their spills, and counted references
+//! to ring slots ([`SlotRef`]), in stamps: memory another thread may still read is freed
+//! only after its last stamp drops, and a slot is reused only when no stamp refers to it.
 //!
 //! The ring (SEMANTICS 2.4): a circular buffer is `slots` blocks; cycle `n` bumps only
 //! inside its own block `[k x block, (k + 1) x block)` and the next cycle starts at the next
 //! block, wrapping to offset 0 after the last one, so a cycle's memory is overwritten only
-//! `slots` cycles later. A request that does not fit in the rest of its block (in
+//! `slots` cycles later, and never while a tensor still refers to it: a cycle starts in the
+//! next slot whose reference count is 0, and spills everything if every slot is in use.
+//! A request that does not fit in the rest of its block (in
 //! particular one larger than the whole buffer) spills or fails by policy: it never loops.
 //! Spills are pinned for two cycles; with `Reallocate` a ring that spilled is rebuilt two
 //! cycles later with blocks of `max_cycle` bytes and the same slot count.
@@ -26,7 +29,7 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapMut, MmapOptions};
@@ -47,7 +50,34 @@ const PINNED_CYCLES: u64 = 2;
 pub(crate) struct Buffer {
     base: NonNull<u8>,
     len: usize,
+    /// For a ring: live [`SlotRef`]s per slot (empty otherwise).
+    slot_refs: Box<[AtomicUsize]>,
     _owner: Owner,
+}
+
+/// A counted reference to one slot of a ring, held (through an `Arc`) by the stamps of the
+/// memory bumped there. The ring starts no cycle in a slot while its count is above 0, so
+/// the bytes stay as written for as long as any thread can reach them (SEMANTICS 3: the safe
+/// API never reads memory that is being reused).
+struct SlotRef {
+    ring: Arc<Buffer>,
+    slot: usize,
+}
+
+impl SlotRef {
+    fn new(ring: Arc<Buffer>, slot: usize) -> SlotRef {
+        // Counted on the owner thread, which is also the only one that reads the count.
+        ring.slot_refs[slot].fetch_add(1, Ordering::Relaxed);
+        SlotRef { ring, slot }
+    }
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        // Release: a reader's accesses happen before the owner's Acquire load sees the
+        // count at 0 and starts writing the slot again.
+        self.ring.slot_refs[self.slot].fetch_sub(1, Ordering::Release);
+    }
 }
 
 enum Owner {
@@ -85,8 +115,20 @@ impl Buffer {
         Buffer {
             base: block.ptr(),
             len: block.capacity(),
+            slot_refs: Box::new([]),
             _owner: Owner::Pool(block),
         }
+    }
+
+    /// The buffer as a ring of `slots` slots, none referenced.
+    fn into_ring(mut self, slots: usize) -> Buffer {
+        self.slot_refs = (0..slots).map(|_| AtomicUsize::new(0)).collect();
+        self
+    }
+
+    /// Whether no stamp refers to ring slot `slot`.
+    fn slot_is_free(&self, slot: usize) -> bool {
+        self.slot_refs[slot].load(Ordering::Acquire) == 0
     }
 }
 
@@ -180,6 +222,7 @@ fn map_file(workspace: &str, path: Option<&Path>, len: usize) -> Result<Buffer, 
     Ok(Buffer {
         base,
         len,
+        slot_refs: Box::new([]),
         _owner: Owner::Mapped(MappedFile {
             _map: map,
             _file: handle,
@@ -421,7 +464,7 @@ impl Arena {
         }
         let slots = (buffer / block).max(1);
         let fresh = Buffer::allocate(self.id(), self.config.policy_location(), buffer, self.align)?;
-        self.install(fresh);
+        self.install(fresh.into_ring(slots));
         self.block.set(block);
         self.slots.set(slots);
         self.slot.set(0);
@@ -454,8 +497,15 @@ impl Arena {
         let (start, limit) = if self.base.get().is_null() {
             (0, 0)
         } else if self.circular {
-            let start = self.slot.get() * self.block.get();
-            (start, start + self.block.get())
+            match self.free_slot() {
+                Some(slot) => {
+                    self.slot.set(slot);
+                    let start = slot * self.block.get();
+                    (start, start + self.block.get())
+                }
+                // Every slot holds memory a tensor still refers to: this cycle spills.
+                None => (0, 0),
+            }
         } else {
             (0, self.size.get())
         };
@@ -465,6 +515,16 @@ impl Arena {
         self.spilled.set(0);
         self.shared.open(generation);
         Ok(())
+    }
+
+    /// The first slot from the ring's next one that no stamp refers to.
+    fn free_slot(&self) -> Option<usize> {
+        let buffer = self.buffer.borrow();
+        let ring = buffer.as_ref()?;
+        let (next, slots) = (self.slot.get(), self.slots.get());
+        (0..slots)
+            .map(|i| (next + i) % slots)
+            .find(|&slot| ring.slot_is_free(slot))
     }
 
     /// Leaves the workspace; the last leave of a cycle ends it (SEMANTICS 2.2).
@@ -677,15 +737,14 @@ impl Arena {
     /// [`Arena::alloc`] with a validity stamp.
     pub(crate) fn alloc_memory(&self, layout: Layout) -> Result<WorkspaceMemory, Error> {
         let (ptr, placement) = self.place(layout)?;
-        let keep_alive = match placement {
-            Placement::Bumped if self.circular => self
-                .buffer
-                .borrow()
-                .as_ref()
-                .map(|b| Arc::clone(b) as KeepAlive),
-            Placement::Spilled(keep) => keep,
-            Placement::Bumped | Placement::Empty => None,
-        };
+        let keep_alive =
+            match placement {
+                Placement::Bumped if self.circular => self.buffer.borrow().as_ref().map(|ring| {
+                    Arc::new(SlotRef::new(Arc::clone(ring), self.slot.get())) as KeepAlive
+                }),
+                Placement::Spilled(keep) => keep,
+                Placement::Bumped | Placement::Empty => None,
+            };
         Ok(WorkspaceMemory {
             ptr,
             len: layout.size(),
@@ -740,7 +799,9 @@ impl Arena {
                 align,
                 reason: "the size overflows when padded to the workspace alignment",
             }))?;
-        if self.config.policy_spill() == SpillPolicy::Fail {
+        // Debug modes have no buffer to fill: every request goes to the pool, whatever the
+        // spill policy says.
+        if self.config.policy_spill() == SpillPolicy::Fail && !self.no_buffer {
             return Err(Error::WorkspaceFull {
                 workspace: self.id().to_string(),
                 requested: size.saturating_add(pad),

@@ -327,6 +327,19 @@ impl WorkspaceConfig {
                 ),
             );
         }
+        if self.is_circular()
+            && self.policy_spill == SpillPolicy::Reallocate
+            && matches!(self.policy_location, LocationPolicy::Mmap { path: Some(_) })
+        {
+            return invalid(
+                "policy_spill",
+                "policy_spill Reallocate on a circular workspace mapped to a user file: a \
+                 rebuilt ring would map the same file over memory the old ring's tensors still \
+                 use; use LocationPolicy::Mmap { path: None } (a temporary file per ring) or \
+                 SpillPolicy::External"
+                    .to_string(),
+            );
+        }
         Ok(())
     }
 }

@@ -5,8 +5,10 @@
 //! DESTROYED | OPEN`) written only by the owning thread, so a [`Stamp`] decides with one
 //! load: the memory is usable iff the word equals the word at allocation time (open, not
 //! destroyed, same generation) and the caller is the owner thread. Circular workspaces only
-//! test `DESTROYED`, and their stamps own a reference to the memory itself, so a consumer on
-//! another thread can never read freed memory.
+//! test `DESTROYED`, and their stamps own a reference to the memory itself: a spill block,
+//! or a counted reference to one slot of the ring, which the ring never reuses while the
+//! count is above 0. So a consumer on another thread can never read freed memory, nor memory
+//! being overwritten.
 
 use std::cell::Cell;
 use std::fmt;
@@ -166,7 +168,7 @@ impl Stamp {
     ///
     /// One atomic load and a thread-token compare. Circular workspaces are exempt from the
     /// open/generation and thread checks: only "destroyed" is an error (their memory stays
-    /// valid until the ring wraps over it; whoever hands it across threads tracks the ring).
+    /// valid until the ring wraps over it, which it does not while this stamp lives).
     #[inline]
     pub fn check(&self, op: &str, arg: &str) -> Result<(), Error> {
         if self.is_valid() {
@@ -216,8 +218,8 @@ impl Stamp {
 
     /// Pins the memory for a borrowed view: while the pin lives, the workspace refuses to
     /// start a new cycle (which would write over the memory) or to be destroyed, and keeps
-    /// its spills and buffer. Circular workspaces need no pin (the stamp keeps their memory
-    /// alive, and the ring discipline decides when it is overwritten).
+    /// its spills and buffer. Circular workspaces need no pin: the stamp itself keeps their
+    /// memory alive and its ring slot out of use.
     pub fn pin_view(&self) -> ViewPin {
         ViewPin {
             shared: (!self.shared.circular).then(|| {
