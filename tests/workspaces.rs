@@ -1032,6 +1032,31 @@ fn allocator_api2_vec_lives_in_the_workspace() {
     }
 }
 
+#[test]
+fn a_hashbrown_map_lives_in_the_workspace() {
+    // The guard is an allocator_api2 Allocator, so hashbrown's maps can live in a cycle.
+    let ws = workspaces();
+    let cfg = strict().initial_size(256 << 10).build().unwrap();
+    for cycle in 0..3u64 {
+        let g = ws.get_and_activate(&cfg, "MAP").unwrap();
+        let mut counts = hashbrown::HashMap::new_in(&g);
+        for word in (0..5000u64).map(|i| (i * 7 + cycle) % 97) {
+            *counts.entry(word).or_insert(0u32) += 1;
+        }
+        assert_eq!(counts.len(), 97);
+        assert_eq!(counts.values().map(|&c| c as u64).sum::<u64>(), 5000);
+        let s = g.stats();
+        assert_eq!(
+            s.spilled_bytes, 0,
+            "the map's tables were bumped in the buffer"
+        );
+        assert!(
+            s.used > 97 * 12,
+            "the map's tables live in the workspace: {s:?}"
+        );
+    }
+}
+
 // ---- 3 stamps ------------------------------------------------------------------------
 
 #[test]
