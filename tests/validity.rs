@@ -378,3 +378,72 @@ fn circular_tensors_cross_threads_and_stay_intact_while_the_producer_runs_on() {
     assert_eq!(consumer.join().unwrap(), (1..=40).sum::<i32>() as f64);
     ws.destroy("RING_THREADS").unwrap();
 }
+
+#[test]
+fn a_view_that_outlives_its_thread_never_sees_its_memory_reused() {
+    // SEMANTICS 2.2 Decision (workspaces freed at thread exit) against SEMANTICS 3 (never
+    // undefined behaviour): a view kept in a thread-local that is torn down after the
+    // workspaces still reads the values it was given, even when the pool is asked for
+    // memory before the view reads.
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const LEN: usize = 64 << 10;
+    thread_local! {
+        static HELD: RefCell<Option<LateReader>> = const { RefCell::new(None) };
+    }
+    struct LateReader {
+        view: ndmem::TensorView<'static, f32>,
+        intact: Arc<Mutex<Option<bool>>>,
+    }
+    impl Drop for LateReader {
+        fn drop(&mut self) {
+            // Runs after the workspaces were torn down: churn the pool, then read.
+            let blocks: Vec<_> = (0..4)
+                .filter_map(|_| {
+                    let mut b = ndmem::alloc::Pool::global().allocate(LEN * 4, 64).ok()?;
+                    b.as_slice_mut().fill(0xAB);
+                    Some(b)
+                })
+                .collect();
+            let intact = self.view.iter().all(|&v| v == 2.5);
+            drop(blocks);
+            *self.intact.lock().unwrap() = Some(intact);
+        }
+    }
+    let intact = Arc::new(Mutex::new(None));
+    let reported = Arc::clone(&intact);
+    let registered = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&registered);
+    std::thread::spawn(move || {
+        // Registered first, so torn down after the workspace manager.
+        HELD.with(|h| h.borrow_mut().take());
+        let ws = workspaces();
+        let cfg = WorkspaceConfig::builder()
+            .initial_size(LEN * 4)
+            .policy_allocation(ndmem::AllocationPolicy::Strict)
+            .build()
+            .unwrap();
+        let g = ws.get_and_activate(&cfg, "OUTLIVED").unwrap();
+        let tensor: &'static Tensor =
+            Box::leak(Box::new(Tensor::full(DType::F32, &[LEN], 2.5).unwrap()));
+        let view = tensor.view::<f32>().unwrap();
+        drop(g);
+        HELD.with(|h| {
+            *h.borrow_mut() = Some(LateReader {
+                view,
+                intact: reported,
+            })
+        });
+        flag.store(true, Ordering::SeqCst);
+    })
+    .join()
+    .unwrap();
+    assert!(registered.load(Ordering::SeqCst));
+    assert_eq!(
+        *intact.lock().unwrap(),
+        Some(true),
+        "the view saw reused memory"
+    );
+}

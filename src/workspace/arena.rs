@@ -648,8 +648,8 @@ impl Arena {
     /// Destroys the workspace: stamps fail from now on, and its memory is freed now, or
     /// when its last guard leaves if it is open (SEMANTICS 2.2).
     pub(crate) fn destroy(&self) {
-        // With views alive only the thread-exit path gets here (the manager refuses
-        // otherwise), and a view cannot outlive its thread's stack.
+        // Never with views alive: the manager refuses to destroy such a workspace, and at
+        // thread exit leaks it instead.
         if self.destroyed.replace(true) {
             return;
         }

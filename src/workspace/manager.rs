@@ -63,9 +63,17 @@ impl Manager {
 
 impl Drop for Manager {
     fn drop(&mut self) {
-        // SEMANTICS 2.2 Decision: a thread's workspaces are freed when it exits.
+        // SEMANTICS 2.2 Decision: a thread's workspaces are freed when it exits. A view that
+        // outlives its thread (one kept in another thread-local, say) still reads its
+        // workspace's memory: that workspace is invalidated but its memory is leaked, never
+        // freed under the view.
         for arena in self.workspaces.get_mut().drain(..) {
-            arena.destroy();
+            if arena.shared().views() > 0 {
+                arena.shared().destroy();
+                std::mem::forget(arena);
+            } else {
+                arena.destroy();
+            }
         }
         self.stack.get_mut().clear();
     }
