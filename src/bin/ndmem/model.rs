@@ -22,9 +22,10 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// Number of parameters.
-    pub fn parameters(&self) -> usize {
-        (self.inputs + 1) * self.hidden + (self.hidden + 1) * self.classes
+    /// Number of parameters, or `None` if it does not fit a `usize`.
+    pub fn parameters(&self) -> Option<usize> {
+        let layer = |inputs: usize, outputs: usize| inputs.checked_add(1)?.checked_mul(outputs);
+        layer(self.inputs, self.hidden)?.checked_add(layer(self.hidden, self.classes)?)
     }
 }
 
@@ -227,6 +228,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn parameter_count_is_checked() {
+        assert_eq!(dims().parameters(), Some(4 * 5 + 6 * 2));
+        let huge = Dims {
+            hidden: usize::MAX,
+            ..dims()
+        };
+        assert_eq!(huge.parameters(), None);
     }
 
     #[test]

@@ -5,7 +5,11 @@
 //!   freed through epoch reclamation when the last handle drops.
 //! - `workspaces`: each step is one cycle of a FirstLoop workspace. Parameters are detached
 //!   pool tensors updated in place, so once the first cycle has learned the workspace's
-//!   size a step takes nothing from the pool.
+//!   size a step takes nothing from the pool. Gradients live and die inside the step's
+//!   cycle: the SGD update consumes them there, in place on the parameters, so only the
+//!   parameters outlive a cycle. (Keeping gradients in a parent workspace, as ND4J does
+//!   when it accumulates them across micro-batches, would add one copy per gradient per
+//!   step and buy nothing here, where every step applies its own.)
 //! - `scopes`: each step opens a child scope that owns the batch and every tensor derived
 //!   from it, and closes it at the end; the parameters belong to a base scope.
 //!
@@ -57,11 +61,15 @@ impl Mode {
 
 /// A model and the memory discipline its steps follow.
 pub struct Trainer {
+    /// Where the step's tensors live.
     mode: Mode,
+    /// Layer sizes, for the batch tensors' shapes.
     dims: Dims,
+    /// The parameters: pool tensors, or tensors of `base` in `scopes` mode.
     model: Mlp,
     /// The scope owning the parameters (`scopes` mode).
     base: Option<Scope>,
+    /// Configuration of the step and evaluation workspaces (`workspaces` mode).
     config: WorkspaceConfig,
 }
 
@@ -89,42 +97,34 @@ impl Trainer {
     pub fn step(&mut self, x: &[f32], y: &[f32], lr: f32) -> Result<f32> {
         let rows = x.len() / self.dims.inputs;
         let (x_shape, y_shape) = ([rows, self.dims.inputs], [rows, self.dims.classes]);
-        match self.mode {
-            Mode::Pool => {
+        if self.mode == Mode::Scopes {
+            let base = self.base.as_ref().expect("scopes mode has a base scope");
+            let batch = base.child("batch")?;
+            let loss = {
                 let (x, y) = (
-                    Tensor::from_slice(x, &x_shape)?,
-                    Tensor::from_slice(y, &y_shape)?,
+                    batch.from_slice(x, &x_shape)?,
+                    batch.from_slice(y, &y_shape)?,
                 );
                 let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
                 self.model.sgd(&grads, lr)?;
-                Ok(loss)
-            }
-            Mode::Workspaces => {
-                let _cycle = workspaces().get_and_activate(&self.config, STEP_WORKSPACE)?;
-                let (x, y) = (
-                    Tensor::from_slice(x, &x_shape)?,
-                    Tensor::from_slice(y, &y_shape)?,
-                );
-                let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
-                self.model.sgd(&grads, lr)?;
-                Ok(loss)
-            } // the cycle ends here, after every tensor of the step has dropped
-            Mode::Scopes => {
-                let base = self.base.as_ref().expect("scopes mode has a base scope");
-                let batch = base.child("batch")?;
-                let loss = {
-                    let (x, y) = (
-                        batch.from_slice(x, &x_shape)?,
-                        batch.from_slice(y, &y_shape)?,
-                    );
-                    let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
-                    self.model.sgd(&grads, lr)?;
-                    loss
-                };
-                batch.close()?;
-                Ok(loss)
-            }
+                loss
+            };
+            batch.close()?;
+            return Ok(loss);
         }
+        // `pool` and `workspaces` differ only in the cycle around the step.
+        let _cycle = match self.mode {
+            Mode::Workspaces => Some(workspaces().get_and_activate(&self.config, STEP_WORKSPACE)?),
+            _ => None,
+        };
+        let (x, y) = (
+            Tensor::from_slice(x, &x_shape)?,
+            Tensor::from_slice(y, &y_shape)?,
+        );
+        let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+        self.model.sgd(&grads, lr)?;
+        Ok(loss)
+        // The cycle ends here, after every tensor of the step (gradients included) dropped.
     }
 
     /// Fraction of rows of `x` whose predicted class is `labels[i]`, computed under the
