@@ -79,6 +79,19 @@ pub struct Grads {
     pub b2: Tensor,
 }
 
+impl Grads {
+    /// The gradients copied into the parent of the current workspace (detached if there
+    /// is none), so they outlive the current cycle.
+    pub fn leverage(&self) -> Result<Grads> {
+        Ok(Grads {
+            w1: self.w1.leverage()?,
+            b1: self.b1.leverage()?,
+            w2: self.w2.leverage()?,
+            b2: self.b2.leverage()?,
+        })
+    }
+}
+
 impl Mlp {
     /// Parameters with [`initial_values`], each made into a tensor by `make` (which decides
     /// where they live).

@@ -3,25 +3,26 @@
 //!
 //! - `pool`: no workspace, no scope. Every op output is a pool block owned by its handles,
 //!   freed through epoch reclamation when the last handle drops.
-//! - `workspaces`: each step is one cycle of a FirstLoop workspace. Parameters are detached
-//!   pool tensors updated in place, so once the first cycle has learned the workspace's
-//!   size a step takes nothing from the pool. Gradients live and die inside the step's
-//!   cycle: the SGD update consumes them there, in place on the parameters, so only the
-//!   parameters outlive a cycle. (Keeping gradients in a parent workspace, as ND4J does
-//!   when it accumulates them across micro-batches, would add one copy per gradient per
-//!   step and buy nothing here, where every step applies its own.)
+//! - `workspaces`: each step is one cycle of a FirstLoop workspace for its batch and
+//!   activations, nested in a cycle of a parent workspace that receives the gradients
+//!   (`leverage`, ND4J's layout). The inner cycle ends before the SGD update, so the
+//!   step's activations are gone while the update reads the gradients. Parameters are
+//!   detached pool tensors updated in place, so once the first cycle has learned both
+//!   workspaces' sizes a step takes nothing from the pool.
 //! - `scopes`: each step opens a child scope that owns the batch and every tensor derived
 //!   from it, and closes it at the end; the parameters belong to a base scope.
 //!
 //! Invariant: a step does the same arithmetic in every mode (see `model`); only placement
 //! differs, so the loss curves agree bit for bit.
 
-use ndmem::{workspaces, Result, Scope, Tensor, WorkspaceConfig};
+use ndmem::{workspaces, Result, Scope, Tensor, WorkspaceConfig, WorkspaceGuard};
 
 use crate::model::{Dims, Mlp};
 
 /// Id of the workspace a training step runs in.
 pub const STEP_WORKSPACE: &str = "TRAIN_STEP";
+/// Id of the parent workspace a training step's gradients live in.
+pub const GRAD_WORKSPACE: &str = "GRADIENTS";
 /// Id of the workspace evaluation runs in.
 pub const EVAL_WORKSPACE: &str = "EVAL";
 
@@ -53,7 +54,9 @@ impl Mode {
     pub fn describe(self) -> &'static str {
         match self {
             Mode::Pool => "every tensor a pool block, freed when its last handle drops",
-            Mode::Workspaces => "a FirstLoop workspace cycle per step, parameters detached",
+            Mode::Workspaces => {
+                "a FirstLoop workspace cycle per step, gradients in a parent one, parameters detached"
+            }
             Mode::Scopes => "a child scope per step, closed at its end; parameters in a base scope",
         }
     }
@@ -112,19 +115,31 @@ impl Trainer {
             batch.close()?;
             return Ok(loss);
         }
-        // `pool` and `workspaces` differ only in the cycle around the step.
-        let _cycle = match self.mode {
-            Mode::Workspaces => Some(workspaces().get_and_activate(&self.config, STEP_WORKSPACE)?),
-            _ => None,
-        };
-        let (x, y) = (
-            Tensor::from_slice(x, &x_shape)?,
-            Tensor::from_slice(y, &y_shape)?,
-        );
-        let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+        // `pool` and `workspaces` differ only in the cycles around the step: in
+        // `workspaces`, gradients go to the parent cycle before the inner one ends.
+        let _grad_cycle = self.cycle(GRAD_WORKSPACE)?;
+        let (loss, grads) = {
+            let step_cycle = self.cycle(STEP_WORKSPACE)?;
+            let (x, y) = (
+                Tensor::from_slice(x, &x_shape)?,
+                Tensor::from_slice(y, &y_shape)?,
+            );
+            let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+            match step_cycle {
+                Some(_) => (loss, grads.leverage()?),
+                None => (loss, grads),
+            }
+        }; // the step cycle ends here, after its batch, activations and gradients dropped
         self.model.sgd(&grads, lr)?;
         Ok(loss)
-        // The cycle ends here, after every tensor of the step (gradients included) dropped.
+    }
+
+    /// A cycle of workspace `id` in `workspaces` mode; `None` in the other modes.
+    fn cycle(&self, id: &str) -> Result<Option<WorkspaceGuard>> {
+        match self.mode {
+            Mode::Workspaces => Ok(Some(workspaces().get_and_activate(&self.config, id)?)),
+            Mode::Pool | Mode::Scopes => Ok(None),
+        }
     }
 
     /// Fraction of rows of `x` whose predicted class is `labels[i]`, computed under the
@@ -163,8 +178,9 @@ impl Trainer {
 impl Drop for Trainer {
     fn drop(&mut self) {
         if self.mode == Mode::Workspaces {
-            // Gives the learned buffer back; absent if the first step failed early.
+            // Gives the learned buffers back; absent if the first step failed early.
             let _ = workspaces().destroy(STEP_WORKSPACE);
+            let _ = workspaces().destroy(GRAD_WORKSPACE);
         }
     }
 }
