@@ -48,7 +48,7 @@ pub enum Command {
 pub enum ModeArg {
     /// Pool blocks owned by their handles (no workspace, no scope).
     Pool,
-    /// A FirstLoop workspace cycle per step.
+    /// A FirstLoop workspace cycle per step, gradients in a parent workspace.
     Workspaces,
     /// A child scope per step.
     Scopes,
@@ -74,7 +74,7 @@ pub struct TrainArgs {
     /// Memory mode(s) to train under.
     #[arg(long, value_enum, default_value_t = ModeArg::All)]
     pub mode: ModeArg,
-    /// Passes over the training rows.
+    /// Passes over the training rows (1 to 1000000; at most 1000000 steps per mode).
     #[arg(long, value_name = "N", default_value_t = 100, allow_negative_numbers = true,
           value_parser = |s: &str| at_most::<u32>(s, MAX_EPOCHS))]
     pub epochs: u32,
@@ -82,15 +82,15 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true,
           value_parser = |s: &str| at_most::<u64>(s, u64::MAX))]
     pub steps: Option<u64>,
-    /// Rows per batch.
+    /// Rows per batch (1 to 65536; above the 120 training rows, a step takes them all).
     #[arg(long, value_name = "N", default_value_t = 16, allow_negative_numbers = true,
           value_parser = |s: &str| at_most::<usize>(s, MAX_BATCH))]
     pub batch: usize,
-    /// Hidden units.
+    /// Hidden units (1 to 65536).
     #[arg(long, value_name = "N", default_value_t = 32, allow_negative_numbers = true,
           value_parser = |s: &str| at_most::<usize>(s, MAX_HIDDEN))]
     pub hidden: usize,
-    /// SGD learning rate.
+    /// SGD learning rate (a run whose loss stops being finite fails: lower it).
     #[arg(long, value_name = "RATE", default_value_t = 0.1, allow_negative_numbers = true,
           value_parser = learning_rate)]
     pub lr: f32,
