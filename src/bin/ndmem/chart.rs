@@ -119,6 +119,9 @@ pub fn downsample(values: &[f64], limit: usize, reduce: fn(&[f64]) -> f64) -> Ve
         .collect()
 }
 
+/// One mode's line in a panel: the mode (for its colour), its legend entry, its points.
+type Line<'a> = (&'a str, String, Vec<(f64, f64)>);
+
 /// Renders `report` as SVG text.
 pub fn render(report: &Report) -> Result<String, String> {
     let mut svg = String::new();
@@ -158,7 +161,7 @@ fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Err
         .unwrap_or(0)
         .max(2);
     for (area, panel) in root.split_evenly((2, 2)).iter().zip(&PANELS) {
-        let lines: Vec<(&str, String, Vec<(f64, f64)>)> = report
+        let lines: Vec<Line> = report
             .modes
             .iter()
             .map(|m| {

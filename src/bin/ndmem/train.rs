@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use ndmem::alloc::{heap, ByteSize, LimitSource, Limits, Pool, ENV_MAX_BYTES};
 use ndmem::reclaim;
 
@@ -134,7 +134,8 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
     for &mode in &options.modes {
         let bar = progress_bar(mode, total);
         let measured = run_mode(mode, options, &split, dims, &bar).map_err(|e| {
-            bar.abandon_with_message("failed");
+            // The error line says which mode and step failed; no half-drawn bar stays.
+            bar.finish_and_clear();
             let set_by = match (&e, options.max_bytes) {
                 (StepError::Memory(_), Some(limit)) => {
                     format!(" (the limit was set by --max-bytes {})", ByteSize(limit))
@@ -218,10 +219,14 @@ fn print_comparison(report: &Report) {
 /// terminal); its message shows the loss.
 fn progress_bar(mode: Mode, total: u64) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "{prefix:>11} [{bar:32}] {pos:>6}/{len} steps {per_sec:>14}  loss {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>10} [{bar:24}] {pos:>6}/{len} {rate:>9}  loss {msg}")
+    {
+        // Whole steps per second: indicatif's own {per_sec} prints every digit.
+        let rate = |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.0}/s", state.per_sec());
+        };
+        bar.set_style(style.progress_chars("=> ").with_key("rate", rate));
     }
     bar.set_prefix(mode.name());
     bar
@@ -242,7 +247,7 @@ impl From<String> for StepError {
 }
 
 /// Trains in one mode and measures every step, advancing `bar` (finished on success; the
-/// caller abandons it on failure).
+/// caller clears it on failure).
 fn run_mode(
     mode: Mode,
     options: &TrainOptions,
@@ -328,7 +333,7 @@ fn run_mode(
     drop(trainer);
     let final_loss = series.loss.last().copied();
     bar.finish_with_message(format!(
-        "{}, test accuracy {:.1}%",
+        "{}, test acc {:.1}%",
         final_loss.map_or_else(|| "-".to_string(), |l| format!("{l:.4}")),
         accuracy * 100.0
     ));
