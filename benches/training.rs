@@ -29,8 +29,11 @@ use data::{fill_batch, shuffler, Dataset, Split, CLASSES, FEATURES};
 use model::Dims;
 use modes::{Mode, Trainer};
 
+/// Rows per step.
 const BATCH: usize = 64;
+/// Learning rate (small, so the many timed steps on one batch stay finite).
 const LR: f32 = 0.01;
+/// The command's default model: 4-32-3.
 const DIMS: Dims = Dims {
     inputs: FEATURES,
     hidden: 32,
@@ -67,6 +70,8 @@ fn steps_per_sec(mode: Mode, x: &[f32], y: &[f32], steps: usize) -> f64 {
     1e9 / nanos[steps / 2].max(1) as f64
 }
 
+/// Times one step per mode (criterion), then prints steps/s per mode, the
+/// `workspaces`/`pool` ratio, and pool allocations per step after the first.
 fn training_step(c: &mut Criterion) {
     let (x, y) = batch();
     let mut group = c.benchmark_group("train_step_batch64");

@@ -10,7 +10,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ndmem");
+/// The modes, in run order.
 const MODES: [&str; 3] = ["pool", "workspaces", "scopes"];
 
 /// Arguments, extra environment, and a text the error line must contain.

@@ -72,6 +72,8 @@ extern "C" fn install_oom_hook() {
     heap::set_oom_hook(heap_exhausted);
 }
 
+/// Parses the command line, checks the limits in the environment, runs the subcommand,
+/// and turns its outcome into an exit status (see the module's invariant).
 fn main() -> ExitCode {
     install_oom_hook();
     let cli = match cli::parse() {

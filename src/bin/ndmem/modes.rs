@@ -5,7 +5,7 @@
 //!   freed through epoch reclamation when the last handle drops.
 //! - `workspaces`: each step is one cycle of a FirstLoop workspace for its batch and
 //!   activations, nested in a cycle of a parent workspace that receives the gradients
-//!   (`leverage`, ND4J's layout). The inner cycle ends before the SGD update, so the
+//!   (copied there with `leverage`, as ND4J does). The inner cycle ends before the SGD update, so the
 //!   step's activations are gone while the update reads the gradients. Parameters are
 //!   detached pool tensors updated in place, so once the first cycle has learned both
 //!   workspaces' sizes a step takes nothing from the pool.

@@ -111,6 +111,7 @@ impl Series {
     /// an error naming the size when the heap cannot hold them. Callers bound `steps` first
     /// (`ndmem train` takes at most `train::MAX_STEPS` steps per mode).
     pub fn with_capacity(steps: usize) -> Result<Series, String> {
+        /// An empty vector with room for exactly `steps` values.
         fn reserve<T>(steps: usize) -> Result<Vec<T>, String> {
             let mut values = Vec::new();
             values.try_reserve_exact(steps).map_err(|e| {
