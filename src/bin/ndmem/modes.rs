@@ -5,10 +5,10 @@
 //!   freed through epoch reclamation when the last handle drops.
 //! - `workspaces`: each step is one cycle of a FirstLoop workspace for its batch and
 //!   activations, nested in a cycle of a parent workspace that receives the gradients
-//!   (copied there with `leverage`, as ND4J does). The inner cycle ends before the SGD update, so the
-//!   step's activations are gone while the update reads the gradients. Parameters are
-//!   detached pool tensors updated in place, so once the first cycle has learned both
-//!   workspaces' sizes a step takes nothing from the pool.
+//!   (copied there with `leverage`, as ND4J does). The inner cycle ends before the SGD
+//!   update, so the step's activations are gone while the update reads the gradients.
+//!   Parameters are detached pool tensors updated in place, so once the first cycle has
+//!   learned both workspaces' sizes a step takes nothing from the pool.
 //! - `scopes`: each step opens a child scope that owns the batch and every tensor derived
 //!   from it, and closes it at the end; the parameters belong to a base scope.
 //!
