@@ -1,14 +1,16 @@
 //! One training step of the `ndmem train` MLP (Iris, 4-32-3, batch 64) under each memory
 //! mode: `pool` (blocks owned by handles), `workspaces` (a learned FirstLoop workspace per
 //! step) and `scopes` (a child scope per step). The model and step code are the command's
-//! own modules, included by path. After the timings it prints pool allocations per step
-//! after the first, and checks that `workspaces` takes none.
+//! own modules, included by path. After the timings it prints steps/s per mode (from the
+//! median of 2000 timed steps), the `workspaces`/`pool` ratio (target: at least 1.2x), and
+//! pool allocations per step after the first, and checks that `workspaces` takes none.
 
 // The included modules' unit tests compile here too (`cargo clippy --all-targets`) but run
 // with the binary's tests; their imports go unused in this crate.
 #![cfg_attr(test, allow(unused_imports))]
 
 use std::hint::black_box;
+use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use ndmem::alloc::Pool;
@@ -23,28 +25,53 @@ mod model;
 #[path = "../src/bin/ndmem/modes.rs"]
 mod modes;
 
-use data::{fill_batch, Dataset, Split, CLASSES, FEATURES};
+use data::{fill_batch, shuffler, Dataset, Split, CLASSES, FEATURES};
 use model::Dims;
 use modes::{Mode, Trainer};
 
+/// Rows per step.
 const BATCH: usize = 64;
+/// Learning rate (small, so the many timed steps on one batch stay finite).
 const LR: f32 = 0.01;
+/// The command's default model: 4-32-3.
 const DIMS: Dims = Dims {
     inputs: FEATURES,
     hidden: 32,
     classes: CLASSES.len(),
 };
 
-/// The first 64 standardised training rows and their one-hot labels.
+/// The first batch `ndmem train --batch 64` trains on: 64 standardised training rows of
+/// the first epoch's shuffle (all three classes), and their one-hot labels.
 fn batch() -> (Vec<f32>, Vec<f32>) {
     let data = Dataset::iris().expect("the embedded CSV parses");
     let split = Split::new(&data, 42);
-    let rows: Vec<usize> = (0..BATCH).collect();
+    let mut order: Vec<usize> = (0..split.train.rows()).collect();
+    shuffler(42).shuffle(&mut order);
     let (mut x, mut y) = (Vec::new(), Vec::new());
-    fill_batch(&split.train, &rows, &mut x, &mut y);
+    fill_batch(&split.train, &order[..BATCH], &mut x, &mut y);
     (x, y)
 }
 
+/// Steps per second of `mode`: one over the median of `steps` timed steps, after a few
+/// untimed ones (the first learns the workspace).
+fn steps_per_sec(mode: Mode, x: &[f32], y: &[f32], steps: usize) -> f64 {
+    let mut trainer = Trainer::new(mode, DIMS, 42).unwrap();
+    for _ in 0..3 {
+        trainer.step(x, y, LR).unwrap();
+    }
+    let mut nanos: Vec<u128> = (0..steps)
+        .map(|_| {
+            let started = Instant::now();
+            black_box(trainer.step(black_box(x), black_box(y), LR).unwrap());
+            started.elapsed().as_nanos()
+        })
+        .collect();
+    nanos.sort_unstable();
+    1e9 / nanos[steps / 2].max(1) as f64
+}
+
+/// Times one step per mode (criterion), then prints steps/s per mode, the
+/// `workspaces`/`pool` ratio, and pool allocations per step after the first.
 fn training_step(c: &mut Criterion) {
     let (x, y) = batch();
     let mut group = c.benchmark_group("train_step_batch64");
@@ -59,6 +86,16 @@ fn training_step(c: &mut Criterion) {
         });
     }
     group.finish();
+
+    println!("steps/s per mode (median of 2000 steps, batch {BATCH}):");
+    let rates = Mode::ALL.map(|mode| steps_per_sec(mode, &x, &y, 2000));
+    for (mode, rate) in Mode::ALL.iter().zip(rates) {
+        println!("  {:<11} {rate:>9.0}", mode.name());
+    }
+    println!(
+        "workspaces / pool: {:.2}x (target: at least 1.2x)",
+        rates[1] / rates[0]
+    );
 
     println!("pool allocations per step after the first (100 steps, batch {BATCH}):");
     for mode in Mode::ALL {

@@ -10,7 +10,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ndmem");
+/// The modes, in run order.
 const MODES: [&str; 3] = ["pool", "workspaces", "scopes"];
 
 /// Arguments, extra environment, and a text the error line must contain.
@@ -42,10 +44,23 @@ fn ndmem(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     command.output().expect("the ndmem binary runs")
 }
 
+/// Bytes as text (lossy).
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The f32 bits of a loss series (JSON holds each f32 as its shortest round-trip decimal,
+/// so parsing and narrowing gives back the exact value, sign of zero included).
+fn loss_bits(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .expect("a series is an array")
+        .iter()
+        .map(|v| (v.as_f64().expect("losses are numbers") as f32).to_bits())
+        .collect()
+}
+
+/// The values of a numeric series.
 fn numbers(value: &Value) -> Vec<f64> {
     value
         .as_array()
@@ -79,12 +94,22 @@ fn train_runs_every_mode_with_identical_losses_and_writes_both_reports() {
         stdout.contains("loss curves identical across modes: yes (12 steps"),
         "{stdout}"
     );
-    for mode in MODES {
-        assert!(
-            stdout.lines().any(|l| l.starts_with(mode)),
-            "no {mode} row: {stdout}"
-        );
+    // The table: the header, then exactly one row per mode, in run order.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("mode ") && l.contains("steps/s"))
+        .unwrap_or_else(|| panic!("no table header: {stdout}"));
+    for (i, mode) in MODES.iter().enumerate() {
+        let row = lines.get(header + 1 + i).copied().unwrap_or("");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells.first(), Some(mode), "row {i} of the table: {stdout}");
+        assert!(row.ends_with('%'), "row {i} of the table: {row}");
     }
+    assert!(
+        lines[header + 4].starts_with("(steps/s"),
+        "a fourth row: {stdout}"
+    );
 
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("ndmem-report.json")).unwrap())
@@ -95,15 +120,21 @@ fn train_runs_every_mode_with_identical_losses_and_writes_both_reports() {
     assert_eq!(names, MODES);
     let by_mode: BTreeMap<&str, &Value> = names.iter().copied().zip(modes).collect();
 
-    // The same bits in every mode (JSON keeps f32 values exactly: shortest round-trip).
-    let losses: Vec<Vec<f64>> = modes
+    // The same bits in every mode.
+    let losses: Vec<Vec<u32>> = modes
         .iter()
-        .map(|m| numbers(&m["series"]["loss"]))
+        .map(|m| loss_bits(&m["series"]["loss"]))
         .collect();
     assert_eq!(losses[0].len(), 12);
-    assert!(losses[0].iter().all(|l| l.is_finite() && *l > 0.0));
+    assert!(losses[0]
+        .iter()
+        .all(|l| f32::from_bits(*l).is_finite() && f32::from_bits(*l) > 0.0));
     assert_eq!(losses[0], losses[1]);
     assert_eq!(losses[0], losses[2]);
+    for mode in modes {
+        let last = mode["final_loss"].as_f64().unwrap() as f32;
+        assert_eq!(Some(&last.to_bits()), losses[0].last(), "{}", mode["mode"]);
+    }
 
     // Workspaces: the first step spills and learns, then nothing comes from the pool.
     let ws_allocs = numbers(&by_mode["workspaces"]["series"]["pool_allocations"]);
@@ -118,15 +149,17 @@ fn train_runs_every_mode_with_identical_losses_and_writes_both_reports() {
         let used = mode["peak_pool_used_bytes"].as_u64().unwrap();
         let live = mode["peak_pool_bytes"].as_u64().unwrap();
         assert!(live > 0 && live <= used && used <= 4 << 20, "{mode}");
+        // Every step's peak stayed under --max-bytes, and the largest is the mode's peak.
+        let peaks = numbers(&mode["series"]["pool_peak_bytes"]);
+        assert!(
+            peaks.iter().all(|p| *p > 0.0 && *p <= f64::from(4 << 20)),
+            "{peaks:?}"
+        );
+        assert_eq!(peaks.iter().copied().fold(0.0, f64::max), live as f64);
         assert!(mode["peak_heap_bytes"].as_u64().unwrap() > 0);
         let accuracy = mode["test_accuracy"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&accuracy));
-        for series in [
-            "pool_peak_bytes",
-            "pool_live_bytes",
-            "os_allocations",
-            "heap_live_bytes",
-        ] {
+        for series in ["pool_live_bytes", "os_allocations", "heap_live_bytes"] {
             assert_eq!(numbers(&mode["series"][series]).len(), 12, "{series}");
         }
     }
@@ -158,12 +191,19 @@ fn train_runs_every_mode_with_identical_losses_and_writes_both_reports() {
         "{lines_by_colour:?}"
     );
     for mode in MODES {
-        let labels = doc
+        let prefix = format!("{mode} (");
+        let labels: Vec<&str> = doc
             .descendants()
-            .filter(|n| n.has_tag_name("text") && n.text().map(str::trim) == Some(mode))
-            .count();
-        assert_eq!(labels, 4, "legend entries for {mode}");
+            .filter(|n| n.has_tag_name("text"))
+            .filter_map(|n| n.text().map(str::trim))
+            .filter(|t| t.starts_with(&prefix))
+            .collect();
+        assert_eq!(labels.len(), 4, "legend entries for {mode}: {labels:?}");
     }
+    assert!(
+        svg.contains("workspaces (0.00 per step after step 1)"),
+        "the allocations legend gives the figure"
+    );
 
     // `ndmem report` renders the same picture from the JSON.
     let again = ndmem(
@@ -199,7 +239,7 @@ fn one_mode_with_explicit_report_paths() {
 #[test]
 fn bad_input_is_one_line_and_a_nonzero_exit() {
     let dir = temp_dir("bad-input");
-    let cases: [BadInput; 9] = [
+    let cases: [BadInput; 15] = [
         (&["--batch", "0"], &[], "--batch"),
         (&["train", "--epochs", "-1"], &[], "--epochs"),
         (&["--mode", "fast"], &[], "'fast'"),
@@ -216,6 +256,24 @@ fn bad_input_is_one_line_and_a_nonzero_exit() {
             "Can't allocate",
         ),
         (&["report", "missing.json"], &[], "missing.json"),
+        (&["--hidden", "18446744073709551615"], &[], "at most 65536"),
+        (&["--hidden", "10000000000000"], &[], "--hidden"),
+        (&["--batch", "1e9"], &[], "--batch"),
+        (
+            &["--epochs", "4000000000", "--batch", "1"],
+            &[],
+            "at most 1000000",
+        ),
+        (
+            &["--epochs", "1000000", "--batch", "1"],
+            &[],
+            "more than 1000000: lower --epochs",
+        ),
+        (
+            &["--mode", "pool", "--lr", "1e30", "--steps", "20"],
+            &[],
+            "diverged): lower --lr (now 1e30)",
+        ),
         (
             &["limits"],
             &[("NDMEM_MAX_PHYSICAL_BYTES", "1.5.G")],
@@ -244,23 +302,41 @@ fn bad_input_is_one_line_and_a_nonzero_exit() {
 }
 
 #[test]
-fn garbage_heap_limit_is_an_error_after_the_allocators_own_warning() {
+fn garbage_heap_limit_is_one_line_and_nothing_runs() {
     // The tracking allocator reads NDMEM_MAX_HEAP at the first allocation, before main,
-    // and can only warn; the command then refuses to run.
+    // and writes the line; the command then refuses to run without repeating it.
     let dir = temp_dir("bad-heap");
     let out = ndmem(&dir, &["--steps", "2"], &[("NDMEM_MAX_HEAP", "garbage")]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert!(!lines.is_empty() && lines.len() <= 2, "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
-        lines
-            .iter()
-            .all(|l| l.starts_with("ndmem: NDMEM_MAX_HEAP=\"garbage\"")),
+        stderr.starts_with("ndmem: NDMEM_MAX_HEAP=\"garbage\" is not a valid size"),
         "{stderr}"
     );
-    assert!(!stderr.contains("panicked"));
     assert!(!dir.join("ndmem-report.json").exists(), "nothing ran");
+}
+
+#[test]
+fn a_heap_limit_too_small_to_train_is_one_line_and_exit_1() {
+    // The allocator refuses, the command's OOM hook writes one line and exits: no abort.
+    let dir = temp_dir("small-heap");
+    for limit in ["64K", "1"] {
+        let out = ndmem(&dir, &[], &[("NDMEM_MAX_HEAP", limit)]);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{limit}: {:?} {stderr}",
+            out.status
+        );
+        assert_eq!(stderr.lines().count(), 1, "{limit}: {stderr}");
+        assert!(
+            stderr.starts_with("ndmem: heap limit reached: ")
+                && stderr.trim_end().ends_with("raise NDMEM_MAX_HEAP"),
+            "{limit}: {stderr}"
+        );
+    }
 }
 
 #[test]

@@ -10,6 +10,8 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use ndmem::alloc::ByteSize;
+
 use crate::report::{ModeReport, Report};
 
 /// Most points drawn per line.
@@ -28,38 +30,53 @@ fn colour(mode: &str) -> RGBColor {
     }
 }
 
-/// One panel: a title, a y-axis label and how to read a mode's values.
+/// Font of the panel titles.
+const CAPTION_FONT: (&str, u32) = ("sans-serif", 19);
+/// Font of the axis tick labels.
+const TICK_FONT: (&str, u32) = ("sans-serif", 14);
+/// Font of the axis descriptions and the legends.
+const LABEL_FONT: (&str, u32) = ("sans-serif", 15);
+
+/// One panel: a title, a y-axis label, how to read a mode's values, how to reduce a bucket
+/// of them to one point, and the mode's legend entry (its name and the panel's key figure).
 struct Panel {
     title: &'static str,
     y_label: &'static str,
     values: fn(&ModeReport) -> Vec<f64>,
     reduce: fn(&[f64]) -> f64,
+    legend: fn(&ModeReport) -> String,
 }
 
+/// The largest of `values` (`f64::MIN` when empty): bucket reduction that keeps peaks.
 fn max(values: &[f64]) -> f64 {
     values.iter().copied().fold(f64::MIN, f64::max)
 }
 
+/// The mean of `values` (0 when empty): bucket reduction for the loss.
 fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
+/// Byte counts in KiB.
 fn kib(values: &[usize]) -> Vec<f64> {
     values.iter().map(|v| *v as f64 / 1024.0).collect()
 }
 
+/// The four panels, left to right and top to bottom.
 const PANELS: [Panel; 4] = [
     Panel {
         title: "Off-heap (pool) memory in use: peak within each step",
         y_label: "KiB",
         values: |m| kib(&m.series.pool_peak_bytes),
         reduce: max,
+        legend: |m| format!("{} (peak {})", m.mode, ByteSize(m.peak_pool_bytes)),
     },
     Panel {
         title: "Heap bytes live after each step, above the mode's start",
         y_label: "KiB",
         values: |m| kib(&m.series.heap_live_bytes),
         reduce: max,
+        legend: |m| format!("{} (peak {})", m.mode, ByteSize(m.peak_heap_bytes)),
     },
     Panel {
         title: "Pool allocations per step",
@@ -72,12 +89,22 @@ const PANELS: [Panel; 4] = [
                 .collect()
         },
         reduce: max,
+        legend: |m| {
+            format!(
+                "{} ({:.2} per step after step 1)",
+                m.mode, m.pool_allocations_per_step
+            )
+        },
     },
     Panel {
-        title: "Training loss (identical bits in every mode: the lines coincide)",
+        title: "Training loss: identical bits in every mode, the lines coincide",
         y_label: "cross-entropy",
         values: |m| m.series.loss.iter().map(|v| f64::from(*v)).collect(),
         reduce: mean,
+        legend: |m| match m.final_loss {
+            Some(loss) => format!("{} (final {loss:.4})", m.mode),
+            None => format!("{} (no step)", m.mode),
+        },
     },
 ];
 
@@ -92,6 +119,9 @@ pub fn downsample(values: &[f64], limit: usize, reduce: fn(&[f64]) -> f64) -> Ve
         .collect()
 }
 
+/// One mode's line in a panel: the mode (for its colour), its legend entry, its points.
+type Line<'a> = (&'a str, String, Vec<(f64, f64)>);
+
 /// Renders `report` as SVG text.
 pub fn render(report: &Report) -> Result<String, String> {
     let mut svg = String::new();
@@ -105,12 +135,13 @@ pub fn write(report: &Report, path: &Path) -> Result<(), String> {
     std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// Draws the title and the four [`PANELS`] of `report` into `svg`.
 fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::with_string(svg, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
     let c = &report.config;
     let title = format!(
-        "ndmem train: {} MLP {}-{}-{}, batch {}, lr {}, seed {}: the same run in {} memory mode{}",
+        "ndmem train: {} MLP {}-{}-{}, batch {}, lr {:?}, seed {}: the same run in {} memory mode{}",
         c.dataset,
         c.features,
         c.hidden,
@@ -121,7 +152,7 @@ fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Err
         report.modes.len(),
         if report.modes.len() == 1 { "" } else { "s" }
     );
-    let root = root.titled(&title, ("sans-serif", 22))?;
+    let root = root.titled(&title, ("sans-serif", 23))?;
     let steps = report
         .modes
         .iter()
@@ -130,17 +161,17 @@ fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Err
         .unwrap_or(0)
         .max(2);
     for (area, panel) in root.split_evenly((2, 2)).iter().zip(&PANELS) {
-        let lines: Vec<(&str, Vec<(f64, f64)>)> = report
+        let lines: Vec<Line> = report
             .modes
             .iter()
             .map(|m| {
                 let points = downsample(&(panel.values)(m), MAX_POINTS, panel.reduce);
-                (m.mode.as_str(), points)
+                (m.mode.as_str(), (panel.legend)(m), points)
             })
             .collect();
         let (mut low, mut high) = lines
             .iter()
-            .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
+            .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
             .filter(|y| y.is_finite())
             .fold((f64::MAX, f64::MIN), |(l, h), y| (l.min(y), h.max(y)));
         if low > high {
@@ -150,27 +181,29 @@ fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Err
         // Headroom above the lines for the legend.
         let high = if high > low { high * 1.35 } else { low + 1.0 };
         let mut chart = ChartBuilder::on(area)
-            .caption(panel.title, ("sans-serif", 17))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
+            .caption(panel.title, CAPTION_FONT)
+            .margin(14)
+            .x_label_area_size(46)
+            .y_label_area_size(78)
             .build_cartesian_2d(1f64..steps as f64, low..high)?;
         chart
             .configure_mesh()
             .x_desc("step")
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_desc(panel.y_label)
+            .label_style(TICK_FONT)
+            .axis_desc_style(LABEL_FONT)
             .max_light_lines(2)
             .light_line_style(RGBColor(240, 240, 240))
             .draw()?;
         // Widest first, so lines that coincide stay visible as a core inside a halo.
         let count = lines.len() as u32;
-        for (i, (mode, points)) in lines.into_iter().enumerate() {
+        for (i, (mode, legend, points)) in lines.into_iter().enumerate() {
             let color = colour(mode);
             let width = 1 + 2 * (count - 1 - i as u32);
             chart
                 .draw_series(LineSeries::new(points, color.stroke_width(width)))?
-                .label(mode)
+                .label(legend)
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 22, y)], color.stroke_width(3))
                 });
@@ -180,7 +213,7 @@ fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Err
             .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(160, 160, 160))
-            .label_font(("sans-serif", 14))
+            .label_font(LABEL_FONT)
             .draw()?;
     }
     root.present()?;

@@ -48,7 +48,7 @@ pub enum Command {
 pub enum ModeArg {
     /// Pool blocks owned by their handles (no workspace, no scope).
     Pool,
-    /// A FirstLoop workspace cycle per step.
+    /// A FirstLoop workspace cycle per step, gradients in a parent workspace.
     Workspaces,
     /// A child scope per step.
     Scopes,
@@ -74,32 +74,28 @@ pub struct TrainArgs {
     /// Memory mode(s) to train under.
     #[arg(long, value_enum, default_value_t = ModeArg::All)]
     pub mode: ModeArg,
-    /// Passes over the training rows.
+    /// Passes over the training rows (1 to 1000000; at most 1000000 steps per mode).
     #[arg(long, value_name = "N", default_value_t = 100, allow_negative_numbers = true,
-          value_parser = positive::<u32>)]
+          value_parser = |s: &str| at_most::<u32>(s, MAX_EPOCHS))]
     pub epochs: u32,
     /// Stop each mode after N steps (for quick runs).
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = positive::<u64>)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = |s: &str| at_most::<u64>(s, u64::MAX))]
     pub steps: Option<u64>,
-    /// Rows per batch.
+    /// Rows per batch (1 to 65536; above the 120 training rows, a step takes them all).
     #[arg(long, value_name = "N", default_value_t = 16, allow_negative_numbers = true,
-          value_parser = positive::<usize>)]
+          value_parser = |s: &str| at_most::<usize>(s, MAX_BATCH))]
     pub batch: usize,
-    /// Hidden units.
+    /// Hidden units (1 to 65536).
     #[arg(long, value_name = "N", default_value_t = 32, allow_negative_numbers = true,
-          value_parser = positive::<usize>)]
+          value_parser = |s: &str| at_most::<usize>(s, MAX_HIDDEN))]
     pub hidden: usize,
-    /// SGD learning rate.
+    /// SGD learning rate (a run whose loss stops being finite fails: lower it).
     #[arg(long, value_name = "RATE", default_value_t = 0.1, allow_negative_numbers = true,
           value_parser = learning_rate)]
     pub lr: f32,
     /// Seed of the train/test split, the shuffles and the initial weights.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 42,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "N", default_value_t = 42)]
     pub seed: u64,
     /// Off-heap limit of the global pool for this run, e.g. 64M (0: unlimited);
     /// default: NDMEM_MAX_BYTES or half of RAM.
@@ -151,19 +147,32 @@ pub struct ReportArgs {
     pub output: PathBuf,
 }
 
-/// A whole number of at least 1.
-fn positive<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
-    let trimmed = text.trim();
-    let value: i128 = trimmed
-        .parse()
-        .map_err(|_| format!("{text:?} is not a whole number (expected 1, 2, 3, ...)"))?;
+/// Most passes over the training rows (`train` also bounds the steps they make).
+pub const MAX_EPOCHS: u64 = 1_000_000;
+/// Most rows per batch (Iris has 120 training rows; a larger batch takes them all).
+pub const MAX_BATCH: u64 = 1 << 16;
+/// Most hidden units (65536 keeps the model under 2 MiB of parameters).
+pub const MAX_HIDDEN: u64 = 1 << 16;
+
+/// A whole number from 1 to `max`.
+fn at_most<T: TryFrom<u64>>(text: &str, max: u64) -> Result<T, String> {
+    let value: i128 = text.trim().parse().map_err(|_| {
+        if text.trim().parse::<f64>().is_ok_and(f64::is_finite) {
+            format!("{text:?} is out of range: expected a whole number from 1 to {max}")
+        } else {
+            format!("{text:?} is not a whole number (expected 1, 2, 3, ...)")
+        }
+    })?;
     if value < 1 {
         return Err(format!("must be at least 1, got {value}"));
+    }
+    if value > i128::from(max) {
+        return Err(format!("must be at most {max}, got {value}"));
     }
     u64::try_from(value)
         .ok()
         .and_then(|v| T::try_from(v).ok())
-        .ok_or_else(|| format!("{value} is too large"))
+        .ok_or_else(|| format!("must be at most {max}, got {value}"))
 }
 
 /// A finite learning rate above 0.
@@ -285,6 +294,21 @@ mod tests {
             (&["ndmem", "--max-bytes", "8X"][..], "unknown unit"),
             (&["ndmem", "--hidden", "many"][..], "not a whole number"),
             (&["ndmem", "bogus"][..], "unrecognized subcommand 'bogus'"),
+            (
+                &["ndmem", "--hidden", "18446744073709551615"][..],
+                "at most 65536, got 18446744073709551615",
+            ),
+            (
+                &["ndmem", "--hidden", "10000000000000"][..],
+                "at most 65536",
+            ),
+            (&["ndmem", "--batch", "65537"][..], "at most 65536"),
+            (&["ndmem", "--epochs", "4000000000"][..], "at most 1000000"),
+            (
+                &["ndmem", "--steps", "99999999999999999999999999"][..],
+                "at most 18446744073709551615",
+            ),
+            (&["ndmem", "--seed", "-1"][..], "unexpected argument '-1'"),
         ] {
             let err = Cli::try_parse_from(args).unwrap_err();
             let line = one_line(&err.render().to_string());

@@ -77,6 +77,7 @@ impl Dataset {
         &self.features[i * FEATURES..(i + 1) * FEATURES]
     }
 
+    /// Appends row `i` of `from` (features and label).
     fn push_row(&mut self, from: &Dataset, i: usize) {
         self.features.extend_from_slice(from.row(i));
         self.labels.push(from.labels[i]);
@@ -151,6 +152,12 @@ pub fn fill_batch(data: &Dataset, rows: &[usize], x: &mut Vec<f32>, y: &mut Vec<
         let label = data.labels[i];
         y.extend((0..CLASSES.len()).map(|c| if c == label { 1.0 } else { 0.0 }));
     }
+}
+
+/// The generator of the per-epoch shuffles of the training rows for `seed` (distinct from
+/// the split's and the initial weights' streams).
+pub fn shuffler(seed: u64) -> Rng {
+    Rng::new(seed ^ 0x0e90_c400_0000_0003)
 }
 
 /// SplitMix64: a small, fast, well-mixed generator; the same seed gives the same stream

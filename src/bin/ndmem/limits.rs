@@ -5,9 +5,16 @@
 //! allocated and freed to show the counters move, and the CUDA probe loads the driver
 //! library without calling into it.
 
+use std::ffi::CStr;
+
 use ndmem::alloc::{heap, physical_ram, ByteSize, LimitSource, Limits, Pool};
 
 use crate::Failure;
+
+/// Where the default `NDMEM_MAX_BYTES` comes from, with this machine's RAM figure.
+pub fn default_max_bytes() -> String {
+    format!("1/2 of RAM {}", ByteSize(physical_ram()))
+}
 
 /// Prints the limits, heap and pool statistics and the CUDA probe.
 pub fn run() -> Result<(), Failure> {
@@ -36,7 +43,7 @@ pub fn run() -> Result<(), Failure> {
         limits.max_bytes,
         limits.sources.max_bytes,
         "unlimited",
-        &format!("1/2 of RAM {}", ByteSize(ram)),
+        &default_max_bytes(),
     );
     row(
         "NDMEM_MAX_PHYSICAL_BYTES",
@@ -91,18 +98,21 @@ pub fn run() -> Result<(), Failure> {
         ByteSize(p.physical_bytes)
     );
     match cuda_driver() {
-        Ok(()) => println!("CUDA driver: present ({CUDA_LIBRARY} loads)"),
+        Ok(()) => println!(
+            "CUDA driver: present ({} loads)",
+            CUDA_LIBRARY.to_string_lossy()
+        ),
         Err(why) => println!("CUDA driver: not found ({why}); device memory is unused"),
     }
     Ok(())
 }
 
 /// The CUDA driver library's name.
-const CUDA_LIBRARY: &str = "libcuda.so.1";
+const CUDA_LIBRARY: &CStr = c"libcuda.so.1";
 
 /// Whether the CUDA driver library can be loaded, without linking against it.
 fn cuda_driver() -> Result<(), String> {
-    let name = c"libcuda.so.1";
+    let name = CUDA_LIBRARY;
     // SAFETY: `name` is a NUL-terminated string; dlopen with RTLD_LAZY only maps the
     // library (running its initialisers, as any CUDA program does); the handle is closed
     // at once and no symbol of it is used.

@@ -22,9 +22,10 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// Number of parameters.
-    pub fn parameters(&self) -> usize {
-        (self.inputs + 1) * self.hidden + (self.hidden + 1) * self.classes
+    /// Number of parameters, or `None` if it does not fit a `usize`.
+    pub fn parameters(&self) -> Option<usize> {
+        let layer = |inputs: usize, outputs: usize| inputs.checked_add(1)?.checked_mul(outputs);
+        layer(self.inputs, self.hidden)?.checked_add(layer(self.hidden, self.classes)?)
     }
 }
 
@@ -76,6 +77,19 @@ pub struct Grads {
     pub w2: Tensor,
     /// d loss / d b2.
     pub b2: Tensor,
+}
+
+impl Grads {
+    /// The gradients copied into the parent of the current workspace (detached if there
+    /// is none), so they outlive the current cycle.
+    pub fn leverage(&self) -> Result<Grads> {
+        Ok(Grads {
+            w1: self.w1.leverage()?,
+            b1: self.b1.leverage()?,
+            w2: self.w2.leverage()?,
+            b2: self.b2.leverage()?,
+        })
+    }
 }
 
 impl Mlp {
@@ -227,6 +241,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn parameter_count_is_checked() {
+        assert_eq!(dims().parameters(), Some(4 * 5 + 6 * 2));
+        let huge = Dims {
+            hidden: usize::MAX,
+            ..dims()
+        };
+        assert_eq!(huge.parameters(), None);
     }
 
     #[test]

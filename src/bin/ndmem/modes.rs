@@ -3,21 +3,26 @@
 //!
 //! - `pool`: no workspace, no scope. Every op output is a pool block owned by its handles,
 //!   freed through epoch reclamation when the last handle drops.
-//! - `workspaces`: each step is one cycle of a FirstLoop workspace. Parameters are detached
-//!   pool tensors updated in place, so once the first cycle has learned the workspace's
-//!   size a step takes nothing from the pool.
+//! - `workspaces`: each step is one cycle of a FirstLoop workspace for its batch and
+//!   activations, nested in a cycle of a parent workspace that receives the gradients
+//!   (copied there with `leverage`, as ND4J does). The inner cycle ends before the SGD
+//!   update, so the step's activations are gone while the update reads the gradients.
+//!   Parameters are detached pool tensors updated in place, so once the first cycle has
+//!   learned both workspaces' sizes a step takes nothing from the pool.
 //! - `scopes`: each step opens a child scope that owns the batch and every tensor derived
 //!   from it, and closes it at the end; the parameters belong to a base scope.
 //!
 //! Invariant: a step does the same arithmetic in every mode (see `model`); only placement
 //! differs, so the loss curves agree bit for bit.
 
-use ndmem::{workspaces, Result, Scope, Tensor, WorkspaceConfig};
+use ndmem::{workspaces, Result, Scope, Tensor, WorkspaceConfig, WorkspaceGuard};
 
 use crate::model::{Dims, Mlp};
 
 /// Id of the workspace a training step runs in.
 pub const STEP_WORKSPACE: &str = "TRAIN_STEP";
+/// Id of the parent workspace a training step's gradients live in.
+pub const GRAD_WORKSPACE: &str = "GRADIENTS";
 /// Id of the workspace evaluation runs in.
 pub const EVAL_WORKSPACE: &str = "EVAL";
 
@@ -49,7 +54,9 @@ impl Mode {
     pub fn describe(self) -> &'static str {
         match self {
             Mode::Pool => "every tensor a pool block, freed when its last handle drops",
-            Mode::Workspaces => "a FirstLoop workspace cycle per step, parameters detached",
+            Mode::Workspaces => {
+                "a FirstLoop workspace cycle per step, gradients in a parent one, parameters detached"
+            }
             Mode::Scopes => "a child scope per step, closed at its end; parameters in a base scope",
         }
     }
@@ -57,11 +64,15 @@ impl Mode {
 
 /// A model and the memory discipline its steps follow.
 pub struct Trainer {
+    /// Where the step's tensors live.
     mode: Mode,
+    /// Layer sizes, for the batch tensors' shapes.
     dims: Dims,
+    /// The parameters: pool tensors, or tensors of `base` in `scopes` mode.
     model: Mlp,
     /// The scope owning the parameters (`scopes` mode).
     base: Option<Scope>,
+    /// Configuration of the step and evaluation workspaces (`workspaces` mode).
     config: WorkspaceConfig,
 }
 
@@ -89,41 +100,45 @@ impl Trainer {
     pub fn step(&mut self, x: &[f32], y: &[f32], lr: f32) -> Result<f32> {
         let rows = x.len() / self.dims.inputs;
         let (x_shape, y_shape) = ([rows, self.dims.inputs], [rows, self.dims.classes]);
+        if self.mode == Mode::Scopes {
+            let base = self.base.as_ref().expect("scopes mode has a base scope");
+            let batch = base.child("batch")?;
+            let loss = {
+                let (x, y) = (
+                    batch.from_slice(x, &x_shape)?,
+                    batch.from_slice(y, &y_shape)?,
+                );
+                let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+                self.model.sgd(&grads, lr)?;
+                loss
+            };
+            batch.close()?;
+            return Ok(loss);
+        }
+        // `pool` and `workspaces` differ only in the cycles around the step: in
+        // `workspaces`, gradients go to the parent cycle before the inner one ends.
+        let _grad_cycle = self.cycle(GRAD_WORKSPACE)?;
+        let (loss, grads) = {
+            let step_cycle = self.cycle(STEP_WORKSPACE)?;
+            let (x, y) = (
+                Tensor::from_slice(x, &x_shape)?,
+                Tensor::from_slice(y, &y_shape)?,
+            );
+            let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+            match step_cycle {
+                Some(_) => (loss, grads.leverage()?),
+                None => (loss, grads),
+            }
+        }; // the step cycle ends here, after its batch, activations and gradients dropped
+        self.model.sgd(&grads, lr)?;
+        Ok(loss)
+    }
+
+    /// A cycle of workspace `id` in `workspaces` mode; `None` in the other modes.
+    fn cycle(&self, id: &str) -> Result<Option<WorkspaceGuard>> {
         match self.mode {
-            Mode::Pool => {
-                let (x, y) = (
-                    Tensor::from_slice(x, &x_shape)?,
-                    Tensor::from_slice(y, &y_shape)?,
-                );
-                let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
-                self.model.sgd(&grads, lr)?;
-                Ok(loss)
-            }
-            Mode::Workspaces => {
-                let _cycle = workspaces().get_and_activate(&self.config, STEP_WORKSPACE)?;
-                let (x, y) = (
-                    Tensor::from_slice(x, &x_shape)?,
-                    Tensor::from_slice(y, &y_shape)?,
-                );
-                let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
-                self.model.sgd(&grads, lr)?;
-                Ok(loss)
-            } // the cycle ends here, after every tensor of the step has dropped
-            Mode::Scopes => {
-                let base = self.base.as_ref().expect("scopes mode has a base scope");
-                let batch = base.child("batch")?;
-                let loss = {
-                    let (x, y) = (
-                        batch.from_slice(x, &x_shape)?,
-                        batch.from_slice(y, &y_shape)?,
-                    );
-                    let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
-                    self.model.sgd(&grads, lr)?;
-                    loss
-                };
-                batch.close()?;
-                Ok(loss)
-            }
+            Mode::Workspaces => Ok(Some(workspaces().get_and_activate(&self.config, id)?)),
+            Mode::Pool | Mode::Scopes => Ok(None),
         }
     }
 
@@ -163,8 +178,9 @@ impl Trainer {
 impl Drop for Trainer {
     fn drop(&mut self) {
         if self.mode == Mode::Workspaces {
-            // Gives the learned buffer back; absent if the first step failed early.
+            // Gives the learned buffers back; absent if the first step failed early.
             let _ = workspaces().destroy(STEP_WORKSPACE);
+            let _ = workspaces().destroy(GRAD_WORKSPACE);
         }
     }
 }

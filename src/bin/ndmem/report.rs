@@ -76,8 +76,9 @@ pub struct ModeReport {
     pub peak_pool_used_bytes: usize,
     /// Highest heap live bytes during the mode, above the heap live when it started.
     pub peak_heap_bytes: usize,
-    /// Loss of the last step.
-    pub final_loss: f32,
+    /// Loss of the last step (`None`, JSON `null`, when no step ran). Always finite: a run
+    /// whose loss stops being finite fails instead (JSON has no NaN or infinity).
+    pub final_loss: Option<f32>,
     /// Test-set accuracy after training.
     pub test_accuracy: f64,
     /// Per-step figures.
@@ -106,18 +107,28 @@ pub struct Series {
 }
 
 impl Series {
-    /// Empty series with room for `steps` values each (so recording never reallocates).
-    pub fn with_capacity(steps: usize) -> Series {
-        Series {
-            loss: Vec::with_capacity(steps),
-            pool_peak_bytes: Vec::with_capacity(steps),
-            pool_live_bytes: Vec::with_capacity(steps),
-            pool_allocations: Vec::with_capacity(steps),
-            os_allocations: Vec::with_capacity(steps),
-            heap_live_bytes: Vec::with_capacity(steps),
-            heap_allocations: Vec::with_capacity(steps),
-            step_nanos: Vec::with_capacity(steps),
+    /// Empty series with room for `steps` values each (so recording never reallocates), or
+    /// an error naming the size when the heap cannot hold them. Callers bound `steps` first
+    /// (`ndmem train` takes at most `train::MAX_STEPS` steps per mode).
+    pub fn with_capacity(steps: usize) -> Result<Series, String> {
+        /// An empty vector with room for exactly `steps` values.
+        fn reserve<T>(steps: usize) -> Result<Vec<T>, String> {
+            let mut values = Vec::new();
+            values.try_reserve_exact(steps).map_err(|e| {
+                format!("cannot reserve the per-step figures of {steps} steps: {e}")
+            })?;
+            Ok(values)
         }
+        Ok(Series {
+            loss: reserve(steps)?,
+            pool_peak_bytes: reserve(steps)?,
+            pool_live_bytes: reserve(steps)?,
+            pool_allocations: reserve(steps)?,
+            os_allocations: reserve(steps)?,
+            heap_live_bytes: reserve(steps)?,
+            heap_allocations: reserve(steps)?,
+            step_nanos: reserve(steps)?,
+        })
     }
 }
 
@@ -249,7 +260,8 @@ impl Report {
                 format!("{:.1}", m.heap_allocations_per_step),
                 ByteSize(m.peak_pool_bytes).to_string(),
                 ByteSize(m.peak_heap_bytes).to_string(),
-                format!("{:.4}", m.final_loss),
+                m.final_loss
+                    .map_or_else(|| "-".to_string(), |l| format!("{l:.4}")),
                 format!("{:.1}%", m.test_accuracy * 100.0),
             ]);
         }
@@ -295,7 +307,7 @@ mod tests {
             peak_pool_bytes: 4096,
             peak_pool_used_bytes: 8192,
             peak_heap_bytes: 1 << 20,
-            final_loss: *loss.last().unwrap_or(&0.0),
+            final_loss: loss.last().copied(),
             test_accuracy: 0.9,
             series: Series {
                 loss: loss.to_vec(),
@@ -366,6 +378,19 @@ mod tests {
         let back = Report::read_json(&path).unwrap();
         let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&back.modes[0].series.loss), bits(&loss));
+        assert_eq!(
+            back.modes[0].final_loss.map(f32::to_bits),
+            Some(3.4e38f32.to_bits())
+        );
+        // A mode that ran no step has no final loss: `null`, read back as such.
+        let r = report(vec![mode("pool", &[])]);
+        r.write_json(&path).unwrap();
+        assert!(fs::read_to_string(&path)
+            .unwrap()
+            .contains("\"final_loss\":null"));
+        let back = Report::read_json(&path).unwrap();
+        assert_eq!(back.modes[0].final_loss, None);
+        assert!(back.table().lines().nth(1).unwrap().contains(" - "));
         fs::write(&path, "{}").unwrap();
         assert!(Report::read_json(&path)
             .unwrap_err()

@@ -8,17 +8,21 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use ndmem::alloc::{heap, physical_ram, ByteSize, LimitSource, Limits, Pool, ENV_MAX_BYTES};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
+use ndmem::alloc::{heap, ByteSize, LimitSource, Limits, Pool, ENV_MAX_BYTES};
 use ndmem::reclaim;
 
-use crate::data::{fill_batch, Dataset, Rng, Split, CLASSES, FEATURES};
+use crate::data::{fill_batch, shuffler, Dataset, Split, CLASSES, FEATURES};
 use crate::model::Dims;
 use crate::modes::{Mode, Trainer};
 use crate::report::{
     mean_after_first, steps_per_sec, Agreement, ModeReport, Report, RunConfig, Series,
 };
-use crate::{chart, Failure};
+use crate::{chart, limits, Failure};
+
+/// Most steps one mode may run: the per-step figures of a mode (about 60 bytes a step)
+/// are held in memory and written to the JSON report.
+pub const MAX_STEPS: u64 = 1_000_000;
 
 /// What `ndmem train` was asked to do.
 #[derive(Debug, Clone)]
@@ -60,13 +64,22 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
         hidden: options.hidden,
         classes: CLASSES.len(),
     };
-    let steps_per_epoch = split.train.rows().div_ceil(options.batch);
-    let mut total = steps_per_epoch as u64 * u64::from(options.epochs);
+    let steps_per_epoch = split.train.rows().div_ceil(options.batch) as u64;
+    let mut total = steps_per_epoch.saturating_mul(u64::from(options.epochs));
     if let Some(cap) = options.max_steps {
         total = total.min(cap);
     }
+    if total > MAX_STEPS {
+        return Err(Failure::config(format!(
+            "{} epochs of {steps_per_epoch} steps (batch {}) make {total} steps per mode, more than {MAX_STEPS}: lower --epochs, raise --batch or cap with --steps",
+            options.epochs, options.batch
+        )));
+    }
+    let parameters = dims
+        .parameters()
+        .ok_or_else(|| Failure::config(format!("--hidden {} is too large", options.hidden)))?;
     println!(
-        "ndmem train: Iris ({} flowers: {} train / {} test, {} features, {} classes), MLP {}-{}-{} ({} parameters), SGD lr {}, batch {}, {} epoch{} = {} steps per mode, seed {}",
+        "ndmem train: Iris ({} flowers: {} train / {} test, {} features, {} classes), MLP {}-{}-{} ({} parameters), SGD lr {:?}, batch {}, {} epoch{} = {} steps per mode, seed {}",
         data.rows(),
         split.train.rows(),
         split.test.rows(),
@@ -75,7 +88,7 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
         dims.inputs,
         dims.hidden,
         dims.classes,
-        dims.parameters(),
+        parameters,
         options.lr,
         options.batch,
         options.epochs,
@@ -89,7 +102,7 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
     } else {
         match Limits::from_env().map(|l| l.sources.max_bytes) {
             Ok(LimitSource::Environment) => ENV_MAX_BYTES.to_string(),
-            _ => format!("default: 1/2 of RAM {}", ByteSize(physical_ram())),
+            _ => format!("default: {}", limits::default_max_bytes()),
         }
     };
     println!(
@@ -119,10 +132,19 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
         modes: Vec::new(),
     };
     for &mode in &options.modes {
-        let measured = run_mode(mode, options, &split, dims, total as usize).map_err(|e| {
-            let set_by = match options.max_bytes {
-                Some(limit) => format!(" (the limit was set by --max-bytes {})", ByteSize(limit)),
-                None => String::new(),
+        let bar = progress_bar(mode, total);
+        let measured = run_mode(mode, options, &split, dims, &bar).map_err(|e| {
+            // The error line says which mode and step failed; no half-drawn bar stays.
+            bar.finish_and_clear();
+            let set_by = match (&e, options.max_bytes) {
+                (StepError::Memory(_), Some(limit)) => {
+                    format!(" (the limit was set by --max-bytes {})", ByteSize(limit))
+                }
+                _ => String::new(),
+            };
+            let e = match e {
+                StepError::Memory(e) => e,
+                StepError::Diverged(e) => format!("{e}: lower --lr (now {:?})", options.lr),
             };
             Failure::runtime(format!(
                 "training in {} mode failed {e}{set_by}",
@@ -193,33 +215,54 @@ fn print_comparison(report: &Report) {
     }
 }
 
+/// A progress bar on stderr for `total` steps of `mode` (hidden when stderr is not a
+/// terminal); its message shows the loss.
 fn progress_bar(mode: Mode, total: u64) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "{prefix:>11} [{bar:32}] {pos:>6}/{len} steps {per_sec:>14}  loss {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>10} [{bar:24}] {pos:>6}/{len} {rate:>9}  loss {msg}")
+    {
+        // Whole steps per second: indicatif's own {per_sec} prints every digit.
+        let rate = |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.0}/s", state.per_sec());
+        };
+        bar.set_style(style.progress_chars("=> ").with_key("rate", rate));
     }
     bar.set_prefix(mode.name());
     bar
 }
 
-/// Trains in one mode and measures every step.
+/// Why a mode stopped early.
+enum StepError {
+    /// An allocation or other ndmem error (the message says which).
+    Memory(String),
+    /// The loss stopped being finite.
+    Diverged(String),
+}
+
+impl From<String> for StepError {
+    fn from(message: String) -> StepError {
+        StepError::Memory(message)
+    }
+}
+
+/// Trains in one mode and measures every step, advancing `bar` (finished on success; the
+/// caller clears it on failure).
 fn run_mode(
     mode: Mode,
     options: &TrainOptions,
     split: &Split,
     dims: Dims,
-    total: usize,
-) -> Result<ModeReport, String> {
+    bar: &ProgressBar,
+) -> Result<ModeReport, StepError> {
     let pool = Pool::global();
     // Start from a cold pool: memory deferred or cached by an earlier mode goes back.
     reclaim::collect();
     pool.trim();
-    let bar = progress_bar(mode, total as u64);
-    let mut series = Series::with_capacity(total);
+    let total = usize::try_from(bar.length().unwrap_or(0)).unwrap_or(usize::MAX);
+    let mut series = Series::with_capacity(total)?;
     let mut order: Vec<usize> = (0..split.train.rows()).collect();
-    let mut shuffle = Rng::new(options.seed ^ 0x0e90_c400_0000_0003);
+    let mut shuffle = shuffler(options.seed);
     let batch_rows = options.batch.min(split.train.rows());
     let mut x = Vec::with_capacity(batch_rows * FEATURES);
     let mut y = Vec::with_capacity(batch_rows * CLASSES.len());
@@ -248,6 +291,13 @@ fn run_mode(
                 .map_err(|e| format!("at step {}: {e}", series.loss.len() + 1))?;
             let took = started.elapsed();
             elapsed += took;
+            if !loss.is_finite() {
+                // JSON has no NaN or infinity, and nothing after this step would mean anything.
+                return Err(StepError::Diverged(format!(
+                    "at step {}: the loss is {loss} (the run diverged)",
+                    series.loss.len() + 1
+                )));
+            }
 
             let (after, heap_after) = (pool.stats(), heap::stats());
             peak_live = peak_live.max(after.peak_bytes);
@@ -281,9 +331,10 @@ fn run_mode(
         .accuracy(&split.test.features, &split.test.labels)
         .map_err(|e| format!("evaluating the test rows: {e}"))?;
     drop(trainer);
-    let final_loss = series.loss.last().copied().unwrap_or(f32::NAN);
+    let final_loss = series.loss.last().copied();
     bar.finish_with_message(format!(
-        "{final_loss:.4}, test accuracy {:.1}%",
+        "{}, test acc {:.1}%",
+        final_loss.map_or_else(|| "-".to_string(), |l| format!("{l:.4}")),
         accuracy * 100.0
     ));
     let steps = series.loss.len();
