@@ -275,3 +275,24 @@ fn log_softmax_matches_ndarray_and_stays_finite_where_softmax_underflows() {
     assert!(matches!(i.log_softmax(0), Err(Error::DType { .. })));
     assert!(matches!(t.log_softmax(2), Err(Error::Shape { .. })));
 }
+
+#[test]
+fn zero_size_shapes_with_huge_axes_are_shape_errors_not_panics() {
+    let shape_err = |r: Result<Tensor, Error>| matches!(r, Err(Error::Shape { .. }));
+    assert!(shape_err(Tensor::zeros(DType::F32, &[0, usize::MAX])));
+    assert!(shape_err(Tensor::zeros(DType::F64, &[usize::MAX, 0])));
+    assert!(shape_err(Tensor::ones(DType::U8, &[0, 1 << 40, 1 << 40])));
+    assert!(shape_err(Tensor::from_slice::<f32>(&[], &[1 << 62, 0, 4])));
+    let empty = Tensor::zeros(DType::F32, &[0]).unwrap();
+    assert!(shape_err(empty.reshape(&[0, 1 << 40, 1 << 40])));
+    assert!(shape_err(empty.reshape(&[1 << 40, 1 << 40, 0])));
+    let one = Tensor::zeros(DType::F32, &[1]).unwrap();
+    assert!(shape_err(one.broadcast_to(&[1 << 62, 1 << 62])));
+    // Within isize: fine, and usable.
+    let wide = Tensor::zeros(DType::F32, &[0, 1 << 40]).unwrap();
+    assert_eq!(wide.len(), 0);
+    assert_eq!(wide.sum(Some(1)).unwrap().shape(), &[0]);
+    let t = wide.transpose().unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), Vec::<f32>::new());
+    assert_eq!(t.reshape(&[0]).unwrap().shape(), &[0]);
+}

@@ -96,26 +96,40 @@ impl<'a, T> std::ops::Deref for TensorView<'a, T> {
     }
 }
 
-/// Elements of `shape`, or a shape error if the count overflows.
-fn element_count(op: &str, shape: &[usize]) -> Result<usize> {
-    shape
+/// Elements of `shape` holding `elem_size`-byte values, or a shape error if the shape
+/// cannot describe memory: the product of its non-zero axes times `elem_size` must fit in
+/// `isize` (ndarray's rule, applied to zero-size shapes too, so their strides and views
+/// never overflow).
+fn element_count(op: &str, shape: &[usize], elem_size: usize) -> Result<usize> {
+    let too_large = || Error::Shape {
+        op: op.into(),
+        message: format!("shape {shape:?} has more elements than fit in memory"),
+    };
+    let nonzero = shape
         .iter()
+        .filter(|d| **d != 0)
         .try_fold(1usize, |n, d| n.checked_mul(*d))
-        .ok_or_else(|| Error::Shape {
-            op: op.into(),
-            message: format!("shape {shape:?} has more elements than fit in memory"),
-        })
+        .ok_or_else(too_large)?;
+    match nonzero.checked_mul(elem_size.max(1)) {
+        Some(bytes) if bytes <= isize::MAX as usize => {}
+        _ => return Err(too_large()),
+    }
+    Ok(if shape.contains(&0) { 0 } else { nonzero })
 }
 
-/// Row-major strides of `shape`.
-fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+/// Row-major strides of `shape`, or a shape error if they overflow (they cannot for a
+/// shape [`element_count`] accepted).
+fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Vec<usize>> {
     let mut strides = vec![0; shape.len()];
-    let mut step = 1;
+    let mut step = 1usize;
     for (stride, dim) in strides.iter_mut().zip(shape).rev() {
         *stride = step;
-        step *= (*dim).max(1);
+        step = step.checked_mul((*dim).max(1)).ok_or_else(|| Error::Shape {
+            op: op.into(),
+            message: format!("shape {shape:?} has more elements than fit in memory"),
+        })?;
     }
-    strides
+    Ok(strides)
 }
 
 impl Tensor {
@@ -207,7 +221,7 @@ impl Tensor {
         shape: &[usize],
         placement: Placement<'_>,
     ) -> Result<Tensor> {
-        let n = element_count("from_slice", shape)?;
+        let n = element_count("from_slice", shape, size_of::<T>())?;
         if n != data.len() {
             return Err(Error::Shape {
                 op: "from_slice".into(),
@@ -233,24 +247,28 @@ impl Tensor {
         placement: Placement<'_>,
         fill: impl FnOnce(ArrayViewMutD<'_, T>) -> Result<()>,
     ) -> Result<Tensor> {
-        let n = element_count(op, shape)?;
-        let bytes = n.checked_mul(size_of::<T>()).ok_or_else(|| Error::Shape {
-            op: op.into(),
-            message: format!("shape {shape:?} of {} is too large", T::DTYPE),
-        })?;
+        let n = element_count(op, shape, size_of::<T>())?;
+        let strides = contiguous_strides(op, shape)?;
+        // Cannot overflow: element_count bounds it by isize::MAX.
+        let bytes = n * size_of::<T>();
         let mut storage =
             NewStorage::allocate(bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
         {
             let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut());
-            let view = ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n])
-                .expect("a fresh buffer holds its shape");
+            let view =
+                ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n]).map_err(|e| {
+                    Error::Shape {
+                        op: op.into(),
+                        message: format!("shape {shape:?} cannot be laid out: {e}"),
+                    }
+                })?;
             fill(view)?;
         }
         Ok(Tensor {
             storage: storage.share()?,
             dtype: T::DTYPE,
             shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            strides,
             offset: 0,
         })
     }
@@ -357,7 +375,13 @@ impl Tensor {
             let shape = IxDyn(&self.shape).strides(IxDyn(&self.strides));
             ArrayViewD::from_shape(shape, &data[self.offset..])
         };
-        Ok(view.expect("tensor metadata fits its storage"))
+        view.map_err(|e| Error::Shape {
+            op: op.into(),
+            message: format!(
+                "{arg} argument's shape {:?} does not fit its memory: {e}",
+                self.shape
+            ),
+        })
     }
 
     // ---- moving data out (SEMANTICS 3) ------------------------------------------

@@ -465,7 +465,7 @@ impl Tensor {
     /// contiguous, else a contiguous copy first.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         self.storage.check("reshape", "X")?;
-        let n = element_count("reshape", shape)?;
+        let n = element_count("reshape", shape, self.dtype.size())?;
         if n != self.len() {
             return Err(Error::Shape {
                 op: "reshape".into(),
@@ -476,14 +476,15 @@ impl Tensor {
                 ),
             });
         }
-        let base = if self.strides == contiguous_strides(&self.shape) {
+        let strides = contiguous_strides("reshape", shape)?;
+        let base = if self.strides == contiguous_strides("reshape", &self.shape)? {
             self.clone()
         } else {
             self.copy()?
         };
         Ok(Tensor {
             shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            strides,
             ..base
         })
     }
@@ -492,6 +493,7 @@ impl Tensor {
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
         self.storage.check("broadcast_to", "X")?;
         let target = broadcast_shape("broadcast_to", &self.shape, shape)?;
+        element_count("broadcast_to", shape, self.dtype.size())?;
         if target != shape {
             return Err(Error::Shape {
                 op: "broadcast_to".into(),
