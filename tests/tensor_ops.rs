@@ -296,3 +296,109 @@ fn zero_size_shapes_with_huge_axes_are_shape_errors_not_panics() {
     assert_eq!(t.to_vec::<f32>().unwrap(), Vec::<f32>::new());
     assert_eq!(t.reshape(&[0]).unwrap().shape(), &[0]);
 }
+
+#[test]
+fn integer_arithmetic_wraps_and_undefined_division_is_an_error() {
+    let big = Tensor::from_slice(&[i32::MAX, i32::MIN, 7], &[3]).unwrap();
+    let one = Tensor::from_slice(&[1i32, 1, 1], &[3]).unwrap();
+    assert_eq!(
+        big.add(&one).unwrap().to_vec::<i32>().unwrap(),
+        vec![i32::MIN, i32::MIN + 1, 8]
+    );
+    assert_eq!(
+        big.sub(&one).unwrap().to_vec::<i32>().unwrap(),
+        vec![i32::MAX - 1, i32::MAX, 6]
+    );
+    assert_eq!(
+        big.mul(&big).unwrap().to_vec::<i32>().unwrap(),
+        vec![1, 0, 49]
+    );
+    assert_eq!(
+        big.add_scalar(1.0).unwrap().to_vec::<i32>().unwrap(),
+        vec![i32::MIN, i32::MIN + 1, 8]
+    );
+    assert_eq!(
+        big.mul_scalar(2.0).unwrap().to_vec::<i32>().unwrap(),
+        vec![-2, 0, 14]
+    );
+    let wide = Tensor::from_slice(&[i64::MAX, 1], &[2]).unwrap();
+    assert_eq!(
+        wide.sum(None).unwrap().to_vec::<i64>().unwrap(),
+        vec![i64::MIN]
+    );
+    assert_eq!(
+        Tensor::from_slice(&[200u8, 100], &[2, 1])
+            .unwrap()
+            .sum(Some(0))
+            .unwrap()
+            .to_vec::<u8>()
+            .unwrap(),
+        vec![44]
+    );
+    let m = Tensor::from_slice(&[i32::MAX, 1, 1, 1], &[2, 2]).unwrap();
+    assert_eq!(
+        m.matmul(&m).unwrap().to_vec::<i32>().unwrap(),
+        vec![
+            i32::MAX.wrapping_mul(i32::MAX).wrapping_add(1),
+            i32::MAX.wrapping_add(1),
+            i32::MAX.wrapping_add(1),
+            2
+        ]
+    );
+    let mut acc = Tensor::from_slice(&[i32::MAX], &[1]).unwrap();
+    acc.scaled_add(2.0, &Tensor::from_slice(&[i32::MAX], &[1]).unwrap())
+        .unwrap();
+    assert_eq!(acc.to_vec::<i32>().unwrap(), vec![i32::MAX.wrapping_mul(3)]);
+
+    // Division: truncating, by zero and MIN / -1 are arithmetic errors (never panics).
+    let num = Tensor::from_slice(&[7i32, -7, i32::MIN], &[3]).unwrap();
+    let ok = Tensor::from_slice(&[2i32, 2, 2], &[3]).unwrap();
+    assert_eq!(
+        num.div(&ok).unwrap().to_vec::<i32>().unwrap(),
+        vec![3, -3, i32::MIN / 2]
+    );
+    let minus_one = Tensor::from_slice(&[-1i32], &[1]).unwrap();
+    match num.div(&minus_one) {
+        Err(Error::Arithmetic { op, message }) => {
+            assert_eq!(op, "div");
+            assert!(message.contains("overflow"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let zero = Tensor::from_slice(&[1i64, 0], &[2]).unwrap();
+    match Tensor::ones(DType::I64, &[2]).unwrap().div(&zero) {
+        Err(Error::Arithmetic { op, message }) => {
+            assert_eq!(op, "div");
+            assert!(message.contains("division by zero"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        Tensor::ones(DType::U8, &[1])
+            .unwrap()
+            .div(&Tensor::zeros(DType::U8, &[1]).unwrap()),
+        Err(Error::Arithmetic { .. })
+    ));
+    // Floats follow IEEE 754.
+    let f = Tensor::from_slice(&[1.0f32, 0.0], &[2]).unwrap();
+    let z = Tensor::zeros(DType::F32, &[2]).unwrap();
+    let q = f.div(&z).unwrap().to_vec::<f32>().unwrap();
+    assert!(q[0].is_infinite() && q[1].is_nan());
+}
+
+#[test]
+fn mean_of_no_elements_is_an_error_and_argmax_of_an_empty_axis_too() {
+    let empty = Tensor::zeros(DType::F64, &[0, 3]).unwrap();
+    assert!(matches!(empty.mean(None), Err(Error::Shape { .. })));
+    assert!(matches!(empty.mean(Some(0)), Err(Error::Shape { .. })));
+    assert_eq!(empty.mean(Some(1)).unwrap().shape(), &[0]);
+    assert_eq!(empty.sum(None).unwrap().scalar().unwrap(), 0.0);
+    assert!(matches!(empty.argmax(0), Err(Error::Shape { .. })));
+    let a = ndarray::ArrayD::<f64>::zeros(IxDyn(&[0, 3]));
+    assert!(a.mean().is_none() && a.mean_axis(Axis(0)).is_none());
+    let ints = Tensor::from_slice(&[1i32, 2, 4, i32::MAX, i32::MAX, 1], &[2, 3]).unwrap();
+    assert_eq!(
+        ints.mean(Some(1)).unwrap().to_vec::<i32>().unwrap(),
+        vec![2, 1431655765]
+    );
+}

@@ -124,10 +124,12 @@ fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Vec<usize>> {
     let mut step = 1usize;
     for (stride, dim) in strides.iter_mut().zip(shape).rev() {
         *stride = step;
-        step = step.checked_mul((*dim).max(1)).ok_or_else(|| Error::Shape {
-            op: op.into(),
-            message: format!("shape {shape:?} has more elements than fit in memory"),
-        })?;
+        step = step
+            .checked_mul((*dim).max(1))
+            .ok_or_else(|| Error::Shape {
+                op: op.into(),
+                message: format!("shape {shape:?} has more elements than fit in memory"),
+            })?;
     }
     Ok(strides)
 }
@@ -255,13 +257,12 @@ impl Tensor {
             NewStorage::allocate(bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
         {
             let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut());
-            let view =
-                ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n]).map_err(|e| {
-                    Error::Shape {
-                        op: op.into(),
-                        message: format!("shape {shape:?} cannot be laid out: {e}"),
-                    }
-                })?;
+            let view = ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n]).map_err(|e| {
+                Error::Shape {
+                    op: op.into(),
+                    message: format!("shape {shape:?} cannot be laid out: {e}"),
+                }
+            })?;
             fill(view)?;
         }
         Ok(Tensor {

@@ -7,6 +7,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
 
+use super::dtype::sealed::Sealed;
 use super::storage::Placement;
 use super::{contiguous_strides, element_count, with_dtype, DType, Element, Float, Tensor};
 use crate::error::{Error, Result};
@@ -80,6 +81,18 @@ impl Tensor {
         other: &Tensor,
         f: impl Fn(T, T) -> T,
     ) -> Result<Tensor> {
+        self.zip_checked(op, other, f, || Ok(()))
+    }
+
+    /// [`Tensor::zip_with`], then `verdict` decides (before the output is shared) whether
+    /// the result stands: a kernel that met undefined arithmetic records it for `verdict`.
+    fn zip_checked<T: Element>(
+        &self,
+        op: &str,
+        other: &Tensor,
+        f: impl Fn(T, T) -> T,
+        verdict: impl FnOnce() -> Result<()>,
+    ) -> Result<Tensor> {
         self.same_dtype(op, other)?;
         self.storage.check(op, "X")?;
         other.storage.check(op, "Y")?;
@@ -94,7 +107,7 @@ impl Tensor {
                 .and_broadcast(&x.broadcast(dim.clone()).expect("shapes were checked"))
                 .and_broadcast(&y.broadcast(dim).expect("shapes were checked"))
                 .for_each(|o, &a, &b| *o = f(a, b));
-            Ok(())
+            verdict()
         })
     }
 
@@ -128,52 +141,66 @@ impl Tensor {
         }
     }
 
-    /// `self + other`, broadcasting.
+    /// `self + other`, broadcasting. Integers wrap on overflow (like NumPy and PyTorch).
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
-        with_dtype!(self.dtype, T => self.zip_with::<T>("add", other, |a, b| a + b))
+        with_dtype!(self.dtype, T => self.zip_with::<T>("add", other, T::add_wrapping))
     }
 
-    /// `self - other`, broadcasting.
+    /// `self - other`, broadcasting. Integers wrap on overflow.
     pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
-        with_dtype!(self.dtype, T => self.zip_with::<T>("sub", other, |a, b| a - b))
+        with_dtype!(self.dtype, T => self.zip_with::<T>("sub", other, T::sub_wrapping))
     }
 
-    /// `self * other` elementwise, broadcasting.
+    /// `self * other` elementwise, broadcasting. Integers wrap on overflow.
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
-        with_dtype!(self.dtype, T => self.zip_with::<T>("mul", other, |a, b| a * b))
+        with_dtype!(self.dtype, T => self.zip_with::<T>("mul", other, T::mul_wrapping))
     }
 
-    /// `self / other` elementwise, broadcasting. Integer division by zero is an error.
+    /// `self / other` elementwise, broadcasting. Integer division truncates toward zero;
+    /// an integer division by zero, or `MIN / -1`, is [`Error::Arithmetic`] (floats follow
+    /// IEEE 754: `inf`, `NaN`).
     pub fn div(&self, other: &Tensor) -> Result<Tensor> {
-        if !self.dtype.is_float() && other.dtype == self.dtype {
-            let pin = reclaim::pin();
-            let has_zero = with_dtype!(other.dtype, T => other
-                .array::<T>("div", "Y", &pin)?
-                .iter()
-                .any(|v| v.to_f64() == 0.0));
-            if has_zero {
-                return Err(Error::Shape {
-                    op: "div".into(),
-                    message: "Y argument holds a zero: integer division by zero".into(),
-                });
-            }
-        }
-        with_dtype!(self.dtype, T => self.zip_with::<T>("div", other, |a, b| a / b))
-    }
-
-    /// `self + value`.
-    pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
         with_dtype!(self.dtype, T => {
-            let v = T::from_f64(value);
-            self.map::<T, T>("add_scalar", move |a| a + v)
+            let failed: std::cell::Cell<Option<(T, T)>> = std::cell::Cell::new(None);
+            self.zip_checked::<T>(
+                "div",
+                other,
+                |a, b| {
+                    a.div_checked(b).unwrap_or_else(|| {
+                        if failed.get().is_none() {
+                            failed.set(Some((a, b)));
+                        }
+                        T::from_f64(0.0)
+                    })
+                },
+                || match failed.get() {
+                    None => Ok(()),
+                    Some((a, b)) => Err(Error::Arithmetic {
+                        op: "div".into(),
+                        message: format!(
+                            "integer division {a:?} / {b:?} has no {} result{}",
+                            T::DTYPE,
+                            if b == T::from_f64(0.0) { " (division by zero)" } else { " (overflow)" }
+                        ),
+                    }),
+                },
+            )
         })
     }
 
-    /// `self * value`.
+    /// `self + value` (`value` converted to the dtype like `as`). Integers wrap.
+    pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => {
+            let v = T::from_f64(value);
+            self.map::<T, T>("add_scalar", move |a| a.add_wrapping(v))
+        })
+    }
+
+    /// `self * value` (`value` converted to the dtype like `as`). Integers wrap.
     pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
         with_dtype!(self.dtype, T => {
             let v = T::from_f64(value);
-            self.map::<T, T>("mul_scalar", move |a| a * v)
+            self.map::<T, T>("mul_scalar", move |a| a.mul_wrapping(v))
         })
     }
 
@@ -218,61 +245,80 @@ impl Tensor {
         self.map_float("log", f32::ln, f64::ln)
     }
 
-    /// Sum over `axis` (removing it), or of every element (`None`: a 0-d tensor).
+    /// Sum over `axis` (removing it), or of every element (`None`: a 0-d tensor). Floats
+    /// use ndarray's `sum`; integers wrap on overflow. An empty sum is 0.
     pub fn sum(&self, axis: Option<usize>) -> Result<Tensor> {
         with_dtype!(self.dtype, T => self.reduce::<T>("sum", axis, false))
     }
 
-    /// Mean over `axis` (removing it), or of every element (`None`).
+    /// Mean over `axis` (removing it), or of every element (`None`), by ndarray's `mean`.
+    /// The mean of no elements (an empty tensor, or an axis of length 0) is undefined, as
+    /// in ndarray (`None` there): [`Error::Shape`]. Integer means are computed in `f64`
+    /// and converted back like `as` (truncating toward zero).
     pub fn mean(&self, axis: Option<usize>) -> Result<Tensor> {
         with_dtype!(self.dtype, T => self.reduce::<T>("mean", axis, true))
     }
 
     fn reduce<T: Element>(&self, op: &str, axis: Option<usize>, mean: bool) -> Result<Tensor> {
-        self.storage.check(op, "X")?;
+        if let Some(axis) = axis {
+            check_axis(op, axis, self.ndim())?;
+        }
+        let lanes = axis.map_or(self.len(), |a| self.shape[a]);
+        if mean && lanes == 0 {
+            return Err(Error::Shape {
+                op: op.into(),
+                message: format!(
+                    "the mean of no elements is undefined (X argument has shape {:?}{})",
+                    self.shape,
+                    axis.map_or(String::new(), |a| format!(", axis {a}"))
+                ),
+            });
+        }
         let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>(op, "X", &pin)?;
-        let zero = T::from_f64(0.0);
+        let reduce_lane = |lane: ArrayViewD<'_, T>| -> T {
+            if mean {
+                // Never empty here (checked above), so the mean is `Some`.
+                T::mean_of(lane).unwrap_or_else(T::zero)
+            } else {
+                T::sum_of(lane)
+            }
+        };
         match axis {
             None => {
-                let n = self.len();
-                let total = x.iter().fold(zero, |acc, v| acc + *v);
-                let value = if mean {
-                    T::from_f64(total.to_f64() / n.max(1) as f64)
-                } else {
-                    total
-                };
+                let value = reduce_lane(x.view());
                 Tensor::build::<T>(op, &[], Placement::Auto(owner.as_ref()), |mut out| {
                     out.fill(value);
                     Ok(())
                 })
             }
             Some(axis) => {
-                check_axis(op, axis, self.ndim())?;
-                let n = self.shape[axis];
                 let mut shape = self.shape.clone();
                 shape.remove(axis);
                 Tensor::build::<T>(op, &shape, Placement::Auto(owner.as_ref()), |mut out| {
                     Zip::from(&mut out)
                         .and(x.lanes(Axis(axis)))
-                        .for_each(|o, lane| {
-                            let total = lane.iter().fold(zero, |acc, v| acc + *v);
-                            *o = if mean {
-                                T::from_f64(total.to_f64() / n.max(1) as f64)
-                            } else {
-                                total
-                            };
-                        });
+                        .for_each(|o, lane| *o = reduce_lane(lane.into_dyn()));
                     Ok(())
                 })
             }
         }
     }
 
-    /// Index of the largest element along `axis` (an `i64` tensor without that axis).
+    /// Index of the largest element along `axis` (an `i64` tensor without that axis; the
+    /// first on ties). An axis of length 0 has no largest element: [`Error::Shape`].
     pub fn argmax(&self, axis: usize) -> Result<Tensor> {
         check_axis("argmax", axis, self.ndim())?;
+        if self.shape[axis] == 0 {
+            return Err(Error::Shape {
+                op: "argmax".into(),
+                message: format!(
+                    "axis {axis} of X argument (shape {:?}) is empty: no largest element",
+                    self.shape
+                ),
+            });
+        }
         self.storage.check("argmax", "X")?;
         let owner = self.storage.owner();
         let mut shape = self.shape.clone();
@@ -368,7 +414,8 @@ impl Tensor {
         )
     }
 
-    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`), by matrixmultiply.
+    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): floats by
+    /// matrixmultiply (ndarray's `general_mat_mul`), integers by a wrapping dot product.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.same_dtype("matmul", other)?;
         if self.ndim() != 2 || other.ndim() != 2 || self.shape[1] != other.shape[0] {
@@ -392,8 +439,23 @@ impl Tensor {
         let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
         let shape = [self.shape[0], other.shape[1]];
         Tensor::build::<T>("matmul", &shape, Placement::Auto(owner.as_ref()), |out| {
-            let mut c = out.into_dimensionality::<Ix2>().expect("output is 2-d");
-            general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
+            let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
+                op: "matmul".into(),
+                message: format!("output is not 2-d: {e}"),
+            })?;
+            if T::DTYPE.is_float() {
+                general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
+            } else {
+                Zip::from(c.rows_mut())
+                    .and(a.rows())
+                    .for_each(|mut c_row, a_row| {
+                        Zip::from(&mut c_row).and(b.columns()).for_each(|c, b_col| {
+                            *c = a_row.iter().zip(b_col).fold(T::zero(), |acc, (x, y)| {
+                                acc.add_wrapping(x.mul_wrapping(*y))
+                            });
+                        });
+                    });
+            }
             Ok(())
         })
     }
@@ -407,11 +469,11 @@ impl Tensor {
     }
 
     /// `self += alpha * x` in place (BLAS `axpy`; an SGD step is `w.scaled_add(-lr, &g)`).
-    /// Needs the only handle to the memory.
+    /// Needs the only handle to the memory. Integers wrap on overflow.
     pub fn scaled_add(&mut self, alpha: f64, x: &Tensor) -> Result<()> {
         with_dtype!(self.dtype, T => {
             let alpha = T::from_f64(alpha);
-            self.update::<T>("scaled_add", x, move |d, s| d + alpha * s)
+            self.update::<T>("scaled_add", x, move |d, s| d.add_wrapping(alpha.mul_wrapping(s)))
         })
     }
 
