@@ -77,22 +77,60 @@ pub struct Tensor {
     offset: usize,
 }
 
-/// A read-only ndarray view of a tensor, valid while this value lives (it holds an epoch
-/// pin so the memory cannot be reclaimed under it).
+/// A read-only view of a tensor's elements, valid while this value lives.
 ///
-/// A view of workspace memory also pins it: until the view drops, the workspace refuses
-/// to start a new cycle or be destroyed ([`Error::WorkspaceInUse`]), so the bytes it shows
-/// are never rewritten or freed underneath it.
+/// It keeps the memory from being freed without pinning the reclamation epoch (a view held
+/// for a long time delays nothing else): a scope that closes meanwhile frees the memory
+/// only when the view drops, and a view of workspace memory pins the workspace: until the
+/// view drops, it refuses to start a new cycle or be destroyed
+/// ([`Error::WorkspaceInUse`]), so the bytes shown are never rewritten or freed.
+///
+/// Read it through [`TensorView::as_array`] (an ndarray view borrowed from this value, so
+/// it cannot outlive it), [`TensorView::get`], indexing or [`TensorView::sum`].
 pub struct TensorView<'a, T> {
     view: ArrayViewD<'a, T>,
-    _pin: Pin,
-    _workspace_pin: Option<crate::workspace::ViewPin>,
+    _hold: storage::ViewHold<'a>,
 }
 
-impl<'a, T> std::ops::Deref for TensorView<'a, T> {
-    type Target = ArrayViewD<'a, T>;
-    fn deref(&self) -> &Self::Target {
-        &self.view
+impl<T: Element> TensorView<'_, T> {
+    /// The elements as an ndarray view, for as long as this value is borrowed.
+    pub fn as_array(&self) -> ArrayViewD<'_, T> {
+        self.view.view()
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.view.shape()
+    }
+
+    /// The element at `index` (one coordinate per axis), or `None` if out of bounds.
+    pub fn get(&self, index: &[usize]) -> Option<&T> {
+        self.view.get(index)
+    }
+
+    /// The elements in row-major order.
+    pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+        self.view.iter()
+    }
+
+    /// The sum of the elements (ndarray's `sum`; integer sums wrap).
+    pub fn sum(&self) -> T {
+        T::sum_of(self.view.view())
+    }
+}
+
+impl<T: Element, const N: usize> std::ops::Index<[usize; N]> for TensorView<'_, T> {
+    type Output = T;
+    /// The element at `index`. Panics if it is out of bounds, like slice indexing; use
+    /// [`TensorView::get`] to check instead.
+    fn index(&self, index: [usize; N]) -> &T {
+        &self.view[&index[..]]
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for TensorView<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.view.fmt(f)
     }
 }
 
@@ -254,7 +292,7 @@ impl Tensor {
         // Cannot overflow: element_count bounds it by isize::MAX.
         let bytes = n * size_of::<T>();
         let mut storage =
-            NewStorage::allocate(bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
+            NewStorage::allocate(op, bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
         {
             let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut());
             let view = ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n]).map_err(|e| {
@@ -266,7 +304,7 @@ impl Tensor {
             fill(view)?;
         }
         Ok(Tensor {
-            storage: storage.share()?,
+            storage: storage.share(op)?,
             dtype: T::DTYPE,
             shape: shape.to_vec(),
             strides,
@@ -332,14 +370,13 @@ impl Tensor {
         Ok(view.iter().copied().collect())
     }
 
-    /// A read-only ndarray view (no copy).
+    /// A read-only view of the elements (no copy), checked like an op's argument.
     pub fn view<T: Element>(&self) -> Result<TensorView<'_, T>> {
-        let pin = reclaim::pin();
-        let view = self.array::<T>("view", "X", &pin)?;
+        self.check_dtype::<T>("view", "X")?;
+        let (hold, bytes) = self.storage.hold_for_view("view", "X")?;
         Ok(TensorView {
-            view,
-            _pin: pin,
-            _workspace_pin: self.storage.stamp().map(|s| s.pin_view()),
+            view: self.view_of(bytes, "view", "X")?,
+            _hold: hold,
         })
     }
 
@@ -360,15 +397,30 @@ impl Tensor {
         &'a self,
         op: &str,
         arg: &str,
-        pin: &Pin,
+        pin: &'a Pin,
     ) -> Result<ArrayViewD<'a, T>> {
+        self.check_dtype::<T>(op, arg)?;
+        let bytes = self.storage.read(op, arg, pin)?;
+        self.view_of(bytes, op, arg)
+    }
+
+    fn check_dtype<T: Element>(&self, op: &str, arg: &str) -> Result<()> {
         if T::DTYPE != self.dtype {
             return Err(Error::DType {
                 op: op.into(),
                 message: format!("{arg} argument is {}, not {}", self.dtype, T::DTYPE),
             });
         }
-        let bytes = self.storage.read(op, arg, pin)?;
+        Ok(())
+    }
+
+    /// This tensor's elements in `bytes` (its storage's), as an ndarray view.
+    fn view_of<'a, T: Element>(
+        &self,
+        bytes: &'a [u8],
+        op: &str,
+        arg: &str,
+    ) -> Result<ArrayViewD<'a, T>> {
         let data: &[T] = bytemuck::cast_slice(bytes);
         let view = if self.is_empty() {
             ArrayViewD::from_shape(IxDyn(&self.shape), &data[..0])
