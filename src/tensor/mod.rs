@@ -447,11 +447,11 @@ impl Tensor {
     /// A copy in the parent of the current workspace, or detached if there is none;
     /// unchanged if it already lives there (ND4J `leverage`).
     pub fn leverage(&self) -> Result<Tensor> {
-        self.storage.check("leverage", "X")?;
         if let (Some(parent), Some(stamp)) =
             (crate::workspace::parent_of_current(), self.storage.stamp())
         {
             if stamp.is_in(&parent) {
+                self.storage.check("leverage", "X")?;
                 return Ok(self.clone());
             }
         }
@@ -461,8 +461,8 @@ impl Tensor {
     /// A copy in the open workspace `id` of this thread (ND4J `leverageTo`); unchanged if
     /// it already lives there; an error if no such workspace exists.
     pub fn leverage_to(&self, id: &str) -> Result<Tensor> {
-        self.storage.check("leverage_to", "X")?;
         if self.storage.stamp().is_some_and(|s| s.is_in(id)) {
+            self.storage.check("leverage_to", "X")?;
             return Ok(self.clone());
         }
         self.copy_to("leverage_to", Placement::Workspace(id))
@@ -475,11 +475,11 @@ impl Tensor {
 
     /// A contiguous copy placed by the allocation flow (ND4J `dup`).
     pub fn copy(&self) -> Result<Tensor> {
-        self.copy_to("copy", Placement::Auto(self.storage.owner().as_ref()))
+        self.copy_to("copy", Placement::Auto(Some(&self.storage)))
     }
 
+    /// A contiguous copy where `placement` says; the read checks the tensor (once).
     fn copy_to(&self, op: &str, placement: Placement<'_>) -> Result<Tensor> {
-        self.storage.check(op, "X")?;
         with_dtype!(self.dtype, T => {
             let pin = reclaim::pin();
             let source = self.array::<T>(op, "X", &pin)?;

@@ -94,33 +94,33 @@ impl Tensor {
         verdict: impl FnOnce() -> Result<()>,
     ) -> Result<Tensor> {
         self.same_dtype(op, other)?;
-        self.storage.check(op, "X")?;
-        other.storage.check(op, "Y")?;
         let shape = broadcast_shape(op, &self.shape, &other.shape)?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>(op, "X", &pin)?;
         let y = other.array::<T>(op, "Y", &pin)?;
-        Tensor::build::<T>(op, &shape, Placement::Auto(owner.as_ref()), |mut out| {
-            let dim = out.raw_dim();
-            Zip::from(&mut out)
-                .and_broadcast(&x.broadcast(dim.clone()).expect("shapes were checked"))
-                .and_broadcast(&y.broadcast(dim).expect("shapes were checked"))
-                .for_each(|o, &a, &b| *o = f(a, b));
-            verdict()
-        })
+        Tensor::build::<T>(
+            op,
+            &shape,
+            Placement::Auto(Some(&self.storage)),
+            |mut out| {
+                let dim = out.raw_dim();
+                Zip::from(&mut out)
+                    .and_broadcast(&x.broadcast(dim.clone()).expect("shapes were checked"))
+                    .and_broadcast(&y.broadcast(dim).expect("shapes were checked"))
+                    .for_each(|o, &a, &b| *o = f(a, b));
+                verdict()
+            },
+        )
     }
 
     /// Elementwise `f(x)`.
     fn map<T: Element, U: Element>(&self, op: &str, f: impl Fn(T) -> U) -> Result<Tensor> {
-        self.storage.check(op, "X")?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>(op, "X", &pin)?;
         Tensor::build::<U>(
             op,
             &self.shape,
-            Placement::Auto(owner.as_ref()),
+            Placement::Auto(Some(&self.storage)),
             |mut out| {
                 Zip::from(&mut out).and(&x).for_each(|o, &a| *o = f(a));
                 Ok(())
@@ -274,7 +274,6 @@ impl Tensor {
                 ),
             });
         }
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>(op, "X", &pin)?;
         let reduce_lane = |lane: ArrayViewD<'_, T>| -> T {
@@ -288,7 +287,7 @@ impl Tensor {
         match axis {
             None => {
                 let value = reduce_lane(x.view());
-                Tensor::build::<T>(op, &[], Placement::Auto(owner.as_ref()), |mut out| {
+                Tensor::build::<T>(op, &[], Placement::Auto(Some(&self.storage)), |mut out| {
                     out.fill(value);
                     Ok(())
                 })
@@ -296,12 +295,17 @@ impl Tensor {
             Some(axis) => {
                 let mut shape = self.shape.clone();
                 shape.remove(axis);
-                Tensor::build::<T>(op, &shape, Placement::Auto(owner.as_ref()), |mut out| {
-                    Zip::from(&mut out)
-                        .and(x.lanes(Axis(axis)))
-                        .for_each(|o, lane| *o = reduce_lane(lane.into_dyn()));
-                    Ok(())
-                })
+                Tensor::build::<T>(
+                    op,
+                    &shape,
+                    Placement::Auto(Some(&self.storage)),
+                    |mut out| {
+                        Zip::from(&mut out)
+                            .and(x.lanes(Axis(axis)))
+                            .for_each(|o, lane| *o = reduce_lane(lane.into_dyn()));
+                        Ok(())
+                    },
+                )
             }
         }
     }
@@ -319,14 +323,12 @@ impl Tensor {
                 ),
             });
         }
-        self.storage.check("argmax", "X")?;
-        let owner = self.storage.owner();
         let mut shape = self.shape.clone();
         shape.remove(axis);
         with_dtype!(self.dtype, T => {
             let pin = reclaim::pin();
             let x = self.array::<T>("argmax", "X", &pin)?;
-            Tensor::build::<i64>("argmax", &shape, Placement::Auto(owner.as_ref()), |mut out| {
+            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&self.storage)), |mut out| {
                 Zip::from(&mut out).and(x.lanes(Axis(axis))).for_each(|o, lane| {
                     let mut best = 0;
                     for (i, v) in lane.iter().enumerate() {
@@ -352,14 +354,12 @@ impl Tensor {
 
     fn softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
         check_axis("softmax", axis, self.ndim())?;
-        self.storage.check("softmax", "X")?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>("softmax", "X", &pin)?;
         Tensor::build::<T>(
             "softmax",
             &self.shape,
-            Placement::Auto(owner.as_ref()),
+            Placement::Auto(Some(&self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
@@ -390,14 +390,12 @@ impl Tensor {
 
     fn log_softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
         check_axis("log_softmax", axis, self.ndim())?;
-        self.storage.check("log_softmax", "X")?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>("log_softmax", "X", &pin)?;
         Tensor::build::<T>(
             "log_softmax",
             &self.shape,
-            Placement::Auto(owner.as_ref()),
+            Placement::Auto(Some(&self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
@@ -431,33 +429,35 @@ impl Tensor {
     }
 
     fn matmul_typed<T: Element>(&self, other: &Tensor) -> Result<Tensor> {
-        self.storage.check("matmul", "X")?;
-        other.storage.check("matmul", "Y")?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let a = two_d(self.array::<T>("matmul", "X", &pin)?);
         let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
         let shape = [self.shape[0], other.shape[1]];
-        Tensor::build::<T>("matmul", &shape, Placement::Auto(owner.as_ref()), |out| {
-            let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
-                op: "matmul".into(),
-                message: format!("output is not 2-d: {e}"),
-            })?;
-            if T::DTYPE.is_float() {
-                general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
-            } else {
-                Zip::from(c.rows_mut())
-                    .and(a.rows())
-                    .for_each(|mut c_row, a_row| {
-                        Zip::from(&mut c_row).and(b.columns()).for_each(|c, b_col| {
-                            *c = a_row.iter().zip(b_col).fold(T::zero(), |acc, (x, y)| {
-                                acc.add_wrapping(x.mul_wrapping(*y))
+        Tensor::build::<T>(
+            "matmul",
+            &shape,
+            Placement::Auto(Some(&self.storage)),
+            |out| {
+                let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
+                    op: "matmul".into(),
+                    message: format!("output is not 2-d: {e}"),
+                })?;
+                if T::DTYPE.is_float() {
+                    general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
+                } else {
+                    Zip::from(c.rows_mut())
+                        .and(a.rows())
+                        .for_each(|mut c_row, a_row| {
+                            Zip::from(&mut c_row).and(b.columns()).for_each(|c, b_col| {
+                                *c = a_row.iter().zip(b_col).fold(T::zero(), |acc, (x, y)| {
+                                    acc.add_wrapping(x.mul_wrapping(*y))
+                                });
                             });
                         });
-                    });
-            }
-            Ok(())
-        })
+                }
+                Ok(())
+            },
+        )
     }
 
     // ---- in place: only on the sole handle of a tensor ---------------------------
@@ -489,7 +489,6 @@ impl Tensor {
                 ),
             });
         }
-        src.storage.check(op, "Y")?;
         let pin = reclaim::pin();
         let source = src.array::<T>(op, "Y", &pin)?;
         // `src` cannot alias: a second handle to this memory makes the write below refuse.

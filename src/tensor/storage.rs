@@ -58,8 +58,9 @@ unsafe impl Sync for Storage {}
 /// Where a new storage should go (SEMANTICS "The flow of one allocation").
 #[derive(Clone, Copy)]
 pub(crate) enum Placement<'a> {
-    /// Current workspace, else this scope (the first input's), else the handles.
-    Auto(Option<&'a Arc<ScopeShared>>),
+    /// Current workspace, else the scope that owns this storage (the first input's), if
+    /// any, else the handles. The owner is looked up only when no workspace takes it.
+    Auto(Option<&'a Storage>),
     /// Pool memory owned by the handles, ignoring any workspace (detach).
     Detached,
     /// Pool memory owned by this scope, ignoring any workspace.
@@ -115,7 +116,7 @@ impl NewStorage {
             });
         }
         let scope = match placement {
-            Placement::Auto(scope) => scope.cloned(),
+            Placement::Auto(first) => first.and_then(Storage::owner),
             Placement::Scope(scope) => Some(scope.clone()),
             _ => None,
         };
