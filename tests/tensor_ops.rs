@@ -402,3 +402,190 @@ fn mean_of_no_elements_is_an_error_and_argmax_of_an_empty_axis_too() {
         vec![2, 1431655765]
     );
 }
+
+/// `t`'s elements equal `expected`'s within a relative `tol`.
+fn near<T: ndmem::Element>(what: &str, t: &Tensor, expected: ArrayD<T>, tol: f64) {
+    assert_eq!(t.shape(), expected.shape(), "{what}: shape");
+    let got = t.to_vec::<T>().unwrap();
+    for (i, (g, e)) in got.iter().zip(expected.iter()).enumerate() {
+        let (g, e) = (g.to_f64(), e.to_f64());
+        assert!(
+            (g - e).abs() <= tol * (1.0 + e.abs()),
+            "{what}[{i}]: {g} != {e}"
+        );
+    }
+}
+
+macro_rules! every_op_matches_ndarray {
+    ($name:ident, $t:ty, $tol:expr) => {
+        #[test]
+        fn $name() {
+            type T = $t;
+            let tol: f64 = $tol;
+            let a =
+                Array2::<T>::from_shape_fn((3, 4), |(i, j)| ((i * 4 + j) as T * 0.37).sin() + 0.1);
+            let b = Array2::<T>::from_shape_fn((4, 3), |(i, j)| {
+                ((i * 3 + j) as T * 0.53).cos() * 2.0 + 3.0
+            });
+            let ta = Tensor::from_slice(a.as_slice().unwrap(), &[3, 4]).unwrap();
+            let tb = Tensor::from_slice(b.as_slice().unwrap(), &[4, 3]).unwrap();
+            // Non-contiguous operands: transposed views.
+            let (tbt, bt) = (tb.transpose().unwrap(), b.t().to_owned());
+            let (tat, at) = (ta.transpose().unwrap(), a.t().to_owned());
+            let (a, b) = (a.into_dyn(), b.into_dyn());
+            let (bt, at) = (bt.into_dyn(), at.into_dyn());
+            near("add", &ta.add(&tbt).unwrap(), &a + &bt, tol);
+            near("add^T", &tbt.add(&ta).unwrap(), &bt + &a, tol);
+            near("sub", &ta.sub(&tbt).unwrap(), &a - &bt, tol);
+            near("mul", &tbt.mul(&ta).unwrap(), &bt * &a, tol);
+            near("div", &ta.div(&tbt).unwrap(), &a / &bt, tol);
+            near("div^T", &tbt.div(&ta).unwrap(), &bt / &a, tol);
+            // Broadcasting a row and a column of transposed views.
+            near(
+                "row+",
+                &tbt.add(&tat.sum(Some(1)).unwrap()).unwrap(),
+                &bt + &at.sum_axis(Axis(1)),
+                tol,
+            );
+            let col = tbt.sum(Some(1)).unwrap().reshape(&[3, 1]).unwrap();
+            near(
+                "col*",
+                &ta.mul(&col).unwrap(),
+                &a * &bt.sum_axis(Axis(1)).insert_axis(Axis(1)),
+                tol,
+            );
+            near(
+                "add_scalar",
+                &tbt.add_scalar(1.5).unwrap(),
+                bt.mapv(|v| v + 1.5),
+                tol,
+            );
+            near(
+                "mul_scalar",
+                &tbt.mul_scalar(-2.0).unwrap(),
+                bt.mapv(|v| v * -2.0),
+                tol,
+            );
+            near(
+                "relu",
+                &tbt.add_scalar(-3.0).unwrap().relu().unwrap(),
+                bt.mapv(|v| (v - 3.0).max(0.0)),
+                tol,
+            );
+            let shifted = ta.add_scalar(-0.5).unwrap();
+            near(
+                "relu_backward",
+                &shifted.relu_backward(&tbt).unwrap(),
+                ndarray::Zip::from(&a)
+                    .and(&bt)
+                    .map_collect(|&x, &g| if x - 0.5 > 0.0 { g } else { 0.0 }),
+                tol,
+            );
+            near(
+                "sigmoid",
+                &tbt.sigmoid().unwrap(),
+                bt.mapv(|v| 1.0 / (1.0 + (-v).exp())),
+                tol,
+            );
+            near("tanh", &tbt.tanh().unwrap(), bt.mapv(T::tanh), tol);
+            near("exp", &tbt.exp().unwrap(), bt.mapv(T::exp), tol);
+            near("log", &tbt.log().unwrap(), bt.mapv(T::ln), tol);
+            near(
+                "matmul",
+                &ta.matmul(&tb).unwrap(),
+                a.clone()
+                    .into_dimensionality::<ndarray::Ix2>()
+                    .unwrap()
+                    .dot(&b.clone().into_dimensionality::<ndarray::Ix2>().unwrap())
+                    .into_dyn(),
+                tol,
+            );
+            let (a2, b2) = (
+                a.clone().into_dimensionality::<ndarray::Ix2>().unwrap(),
+                b.clone().into_dimensionality::<ndarray::Ix2>().unwrap(),
+            );
+            near(
+                "matmul^T",
+                &tbt.matmul(&tat).unwrap(),
+                b2.t().dot(&a2.t()).into_dyn(),
+                tol,
+            );
+            near(
+                "sum",
+                &tbt.sum(None).unwrap(),
+                ndarray::arr0(bt.sum()).into_dyn(),
+                tol,
+            );
+            for axis in 0..2 {
+                near(
+                    "sum_axis",
+                    &tbt.sum(Some(axis)).unwrap(),
+                    bt.sum_axis(Axis(axis)),
+                    tol,
+                );
+                near(
+                    "mean_axis",
+                    &tbt.mean(Some(axis)).unwrap(),
+                    bt.mean_axis(Axis(axis)).unwrap(),
+                    tol,
+                );
+                let e = bt.mapv(T::exp);
+                let softmax = &e / &e.sum_axis(Axis(axis)).insert_axis(Axis(axis));
+                near("softmax", &tbt.softmax(axis).unwrap(), softmax.clone(), tol);
+                near(
+                    "log_softmax",
+                    &tbt.log_softmax(axis).unwrap(),
+                    softmax.mapv(T::ln),
+                    tol,
+                );
+                let argmax: Vec<i64> = bt
+                    .lanes(Axis(axis))
+                    .into_iter()
+                    .map(|l| {
+                        let mut best = 0;
+                        for (i, v) in l.iter().enumerate() {
+                            if *v > l[best] {
+                                best = i;
+                            }
+                        }
+                        best as i64
+                    })
+                    .collect();
+                assert_eq!(tbt.argmax(axis).unwrap().to_vec::<i64>().unwrap(), argmax);
+            }
+            near(
+                "mean",
+                &tbt.mean(None).unwrap(),
+                ndarray::arr0(bt.mean().unwrap()).into_dyn(),
+                tol,
+            );
+            near("transpose", &tbt, bt.clone(), 0.0);
+            near(
+                "reshape",
+                &tbt.reshape(&[2, 6]).unwrap(),
+                bt.iter()
+                    .copied()
+                    .collect::<ndarray::Array1<T>>()
+                    .into_shape_with_order((2, 6))
+                    .unwrap()
+                    .into_dyn(),
+                0.0,
+            );
+            near(
+                "broadcast_to",
+                &tbt.broadcast_to(&[2, 3, 4]).unwrap(),
+                bt.broadcast(IxDyn(&[2, 3, 4])).unwrap().to_owned(),
+                0.0,
+            );
+            // In place: assign and scaled_add from transposed sources.
+            let mut w = tb.transpose().unwrap().copy().unwrap();
+            w.scaled_add(0.25, &ta).unwrap();
+            near("scaled_add", &w, &bt + &a.mapv(|v| v * 0.25), tol);
+            w.assign(&tat.transpose().unwrap()).unwrap();
+            near("assign", &w, a.clone(), 0.0);
+        }
+    };
+}
+
+every_op_matches_ndarray!(every_op_matches_ndarray_f32, f32, 1e-5);
+every_op_matches_ndarray!(every_op_matches_ndarray_f64, f64, 1e-12);

@@ -1,4 +1,5 @@
-//! Tensor operations: shape logic here, kernels from ndarray (`Zip`, `general_mat_mul`).
+//! Tensor operations: shape logic here, kernels from ndarray (`Zip`, `sum`, `mean`,
+//! `general_mat_mul`; integer matmul and sums wrap, so they fold with wrapping arithmetic).
 //!
 //! Invariant: every op checks each input (by taking its checked view) and writes only into
 //! a fresh output, placed by the allocation flow with the first input's scope; no op
@@ -311,7 +312,7 @@ impl Tensor {
     }
 
     /// Index of the largest element along `axis` (an `i64` tensor without that axis; the
-    /// first on ties). An axis of length 0 has no largest element: [`Error::Shape`].
+    /// first on ties; ndarray has no argmax kernel, so this one is ndmem's). An axis of length 0 has no largest element: [`Error::Shape`].
     pub fn argmax(&self, axis: usize) -> Result<Tensor> {
         check_axis("argmax", axis, self.ndim())?;
         if self.shape[axis] == 0 {
@@ -364,12 +365,11 @@ impl Tensor {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
                     .for_each(|mut o, lane| {
-                        let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
-                        let mut total = T::zero();
-                        for (o, v) in o.iter_mut().zip(lane.iter()) {
-                            *o = (*v - max).exp();
-                            total += *o;
-                        }
+                        let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
+                        Zip::from(&mut o)
+                            .and(&lane)
+                            .for_each(|o, &v| *o = (v - max).exp());
+                        let total = o.sum();
                         o.mapv_inplace(|v| v / total);
                     });
                 Ok(())
@@ -400,12 +400,14 @@ impl Tensor {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
                     .for_each(|mut o, lane| {
-                        let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
-                        let total = lane.iter().fold(T::zero(), |t, v| t + (*v - max).exp());
-                        let shift = max + total.ln();
-                        for (o, v) in o.iter_mut().zip(lane.iter()) {
-                            *o = *v - shift;
-                        }
+                        let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
+                        Zip::from(&mut o)
+                            .and(&lane)
+                            .for_each(|o, &v| *o = (v - max).exp());
+                        let shift = max + o.sum().ln();
+                        Zip::from(&mut o)
+                            .and(&lane)
+                            .for_each(|o, &v| *o = v - shift);
                     });
                 Ok(())
             },
