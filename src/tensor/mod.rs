@@ -87,9 +87,20 @@ pub struct Tensor {
 ///
 /// Read it through [`TensorView::as_array`] (an ndarray view borrowed from this value, so
 /// it cannot outlive it), [`TensorView::get`], indexing or [`TensorView::sum`].
+///
+/// A view stays on the thread that made it (the tensor itself may be sent, and viewed
+/// there):
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// let t = ndmem::Tensor::ones(ndmem::DType::F32, &[2]).unwrap();
+/// send(t.view::<f32>().unwrap());
+/// ```
 pub struct TensorView<'a, T> {
     view: ArrayViewD<'a, T>,
     _hold: storage::ViewHold<'a>,
+    /// Not `Send` or `Sync`: a workspace view's pin belongs to the workspace's thread.
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 impl<T: Element> TensorView<'_, T> {
@@ -377,6 +388,7 @@ impl Tensor {
         Ok(TensorView {
             view: self.view_of(bytes, "view", "X")?,
             _hold: hold,
+            _thread: std::marker::PhantomData,
         })
     }
 

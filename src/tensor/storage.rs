@@ -1,11 +1,14 @@
 //! Where a tensor's bytes live and how to prove they may still be touched.
 //!
-//! Invariant: the bytes of a [`Storage`] are reachable only through [`Storage::read`],
+//! Invariant: the bytes of a [`Storage`] are reachable only through [`Storage::read`]
+//! (under an epoch pin), [`Storage::hold_for_view`] (under a view count or workspace view
+//! pin) and [`Storage::write_exclusive`] (the only tensor handle, under a pin), each of
 //! which first runs the validity check of SEMANTICS 3 and 4 (workspace stamp, or the
-//! "freed by its scope" flag) under an epoch pin. A scope frees pool memory by setting that
-//! flag and deferring the block to [`crate::reclaim`], so a reader that passed the check
-//! keeps the memory until it unpins. Outputs are written only before they are shared
-//! ([`NewStorage::bytes_mut`]). This module and the workspace arena are the only places in
+//! "freed by its scope" flag). A scope frees pool memory by setting that flag and, once no
+//! view holds the block, deferring it to [`crate::reclaim`], so a reader that passed the
+//! check keeps the memory until it unpins or drops its view. Outputs are written before
+//! they are shared ([`NewStorage::bytes_mut`]), shared storages only by
+//! `write_exclusive`. This module and the workspace arena are the only places in
 //! the `ndmem` crate that turn raw pool pointers into slices.
 
 use std::alloc::Layout;
@@ -212,8 +215,9 @@ impl Storage {
         // SAFETY: the check passed, so the memory is live: a pool block not yet handed to
         // reclamation (and `_pin` keeps a block handed over after the check alive until the
         // borrow ends), or workspace memory of the current generation on its owner thread
-        // (or a circular workspace whose stamp keeps the buffer alive). Storages are never
-        // written after they are shared.
+        // (or a circular workspace whose stamp keeps the buffer alive). Shared storages are
+        // written only through `write_exclusive`, which needs the only tensor handle, so no
+        // reader of this one exists then.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.bytes) })
     }
 
