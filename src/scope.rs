@@ -495,8 +495,9 @@ impl Scope {
         Ok(())
     }
 
-    /// Hands `tensor` to the parent scope (DJL's `ret`), returning it for chaining. If
-    /// the parent cannot take it (capped or closed), the tensor stays with this scope.
+    /// Hands `tensor` to the parent scope (DJL's `ret`), returning it for chaining; a tensor
+    /// this scope borrowed goes to the parent for good too. If the parent cannot take it
+    /// (capped or closed), the tensor stays with this scope, as before the call.
     pub fn ret(&self, tensor: &Tensor) -> Result<Tensor> {
         let parent = self.shared.parent.clone().ok_or_else(|| Error::Scope {
             scope: self.name().into(),
