@@ -132,6 +132,15 @@ pub enum Error {
         /// What is wrong, with the shapes involved.
         message: String,
     },
+    /// Integer arithmetic with no defined result: division by zero, or `MIN / -1` (whose
+    /// quotient does not fit). Integer add, sub, mul, sums and matmul wrap instead.
+    #[error("Op [{op}]: {message}")]
+    Arithmetic {
+        /// The operation.
+        op: String,
+        /// What has no result, with the operands.
+        message: String,
+    },
     /// Data types do not fit the operation.
     #[error("Op [{op}]: {message}")]
     DType {

@@ -2,8 +2,10 @@
 //!
 //! Invariant (crossbeam-epoch's): memory handed to [`defer_free`] is released only after
 //! every thread that was pinned when it was deferred has unpinned, so a reader that pinned,
-//! checked a tensor's validity and is still reading it never sees its memory freed. Readers
-//! pin through [`pin`] around the check and the access.
+//! checked a tensor's validity and is still reading it never sees its memory freed. Ops
+//! pin through [`pin`] around the check and the access, for the op's duration only; a
+//! [`crate::TensorView`], which may live long, holds its memory by a view count instead,
+//! so it never holds back the epoch (and with it every other free in the process).
 //!
 //! The bytes waiting are counted ([`pending_bytes`]) and bounded: past
 //! [`AUTO_COLLECT_BYTES`] the deferring thread collects, and the global pool runs
@@ -24,7 +26,8 @@ static REGISTER: Once = Once::new();
 /// A pinned epoch: memory deferred after this point is not freed while it lives.
 pub type Pin = epoch::Guard;
 
-/// Pins the current thread for the duration of a check-then-read.
+/// Pins the current thread for the duration of a check-then-read. Keep pins short: while
+/// any thread is pinned, nothing deferred after it pinned is freed, anywhere.
 pub fn pin() -> Pin {
     epoch::pin()
 }

@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use crate::error::{Error, Result};
 use crate::tensor::storage::{lock, Storage};
@@ -26,6 +26,46 @@ static OWNERSHIP: Mutex<()> = Mutex::new(());
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static ROOT: OnceLock<Arc<ScopeShared>> = OnceLock::new();
 
+/// Takes the process-wide ownership lock (every transfer, and the exact handle count of
+/// [`crate::tensor::storage::Storage::write_exclusive`], run under it).
+pub(crate) fn ownership_lock() -> MutexGuard<'static, ()> {
+    lock(&OWNERSHIP)
+}
+
+/// A scope's reference to a storage. Counted on the storage while it exists, so that
+/// `Arc::strong_count` minus the scope references is exactly the number of tensor handles.
+struct Held(Arc<Storage>);
+
+impl Held {
+    fn new(storage: &Arc<Storage>) -> Held {
+        let held = Held(storage.clone());
+        storage.scope_ref_added();
+        held
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.scope_ref_removed();
+    }
+}
+
+/// Who to give a borrowed storage back to when the borrowing scope closes.
+enum Origin {
+    /// Its handles owned it.
+    Handles,
+    /// This scope owned it.
+    Owned(Arc<ScopeShared>),
+    /// This scope had borrowed it in turn, from `Origin`.
+    Borrowed(Arc<ScopeShared>, Box<Origin>),
+}
+
+/// A storage taken out of a scope's lists, with what is needed to put it back.
+enum Entry {
+    Owned(Held),
+    Borrowed(Held, Origin),
+}
+
 /// The state of one scope, shared by its handle and the storages it owns.
 pub(crate) struct ScopeShared {
     name: String,
@@ -37,9 +77,9 @@ pub(crate) struct ScopeShared {
 
 #[derive(Default)]
 struct ScopeInner {
-    owned: Vec<Arc<Storage>>,
-    /// Borrowed storages and the owner to give each back to (`None`: its handles).
-    borrowed: Vec<(Arc<Storage>, Option<Arc<ScopeShared>>)>,
+    owned: Vec<Held>,
+    /// Borrowed storages and whom to give each back to.
+    borrowed: Vec<(Held, Origin)>,
     children: Vec<Weak<ScopeShared>>,
 }
 
@@ -67,14 +107,21 @@ impl ScopeShared {
         self.flags.load(Ordering::Acquire) & CLOSED != 0
     }
 
-    /// Errors if nothing may be attached: the scope is capped or closed.
-    pub(crate) fn check_attachable(&self) -> Result<()> {
+    /// [`Error::ScopeClosed`] for `op`'s `arg` and this scope.
+    fn closed(&self, op: &str, arg: &str) -> Error {
+        Error::ScopeClosed {
+            op: op.into(),
+            arg: arg.into(),
+            scope: self.name.clone(),
+        }
+    }
+
+    /// Errors if nothing may be attached: the scope is closed ([`Error::ScopeClosed`] for
+    /// `op`'s `arg`) or capped ([`Error::ScopeCapped`]).
+    pub(crate) fn check_attachable(&self, op: &str, arg: &str) -> Result<()> {
         let flags = self.flags.load(Ordering::Acquire);
         if flags & CLOSED != 0 {
-            return Err(Error::Scope {
-                scope: self.name.clone(),
-                message: "the scope is closed".into(),
-            });
+            return Err(self.closed(op, arg));
         }
         if flags & CAPPED != 0 {
             return Err(Error::ScopeCapped {
@@ -85,29 +132,62 @@ impl ScopeShared {
     }
 
     /// Takes ownership of a new storage.
-    pub(crate) fn adopt(self: &Arc<Self>, storage: &Arc<Storage>) -> Result<()> {
+    pub(crate) fn adopt(self: &Arc<Self>, op: &str, storage: &Arc<Storage>) -> Result<()> {
         let _transfer = lock(&OWNERSHIP);
-        self.take(storage)
+        self.take(op, "Z", storage)
     }
 
     /// Records `storage` as owned (ownership lock held): checks, then both sides.
-    fn take(self: &Arc<Self>, storage: &Arc<Storage>) -> Result<()> {
-        self.check_attachable()?;
+    fn take(self: &Arc<Self>, op: &str, arg: &str, storage: &Arc<Storage>) -> Result<()> {
+        self.check_attachable(op, arg)?;
         storage.set_owner(Some(self.clone()))?;
-        lock(&self.inner).owned.push(storage.clone());
+        lock(&self.inner).owned.push(Held::new(storage));
         Ok(())
     }
 
-    /// Removes `storage` from the owned list (ownership lock held).
-    fn release(&self, storage: &Arc<Storage>) -> bool {
+    /// Removes `storage` from the owned or the borrowed list (ownership lock held).
+    fn release(&self, storage: &Arc<Storage>) -> Option<Entry> {
         let mut inner = lock(&self.inner);
-        match inner.owned.iter().position(|s| Arc::ptr_eq(s, storage)) {
-            Some(i) => {
-                inner.owned.swap_remove(i);
-                true
-            }
-            None => false,
+        if let Some(i) = inner.owned.iter().position(|h| Arc::ptr_eq(&h.0, storage)) {
+            return Some(Entry::Owned(inner.owned.swap_remove(i)));
         }
+        let i = inner
+            .borrowed
+            .iter()
+            .position(|(h, _)| Arc::ptr_eq(&h.0, storage))?;
+        let (held, origin) = inner.borrowed.swap_remove(i);
+        Some(Entry::Borrowed(held, origin))
+    }
+
+    /// Puts back what [`ScopeShared::release`] took out, and the owner field with it
+    /// (ownership lock held).
+    fn restore(self: &Arc<Self>, entry: Entry) {
+        let mut inner = lock(&self.inner);
+        let storage = match entry {
+            Entry::Owned(held) => {
+                let storage = held.0.clone();
+                inner.owned.push(held);
+                storage
+            }
+            Entry::Borrowed(held, origin) => {
+                let storage = held.0.clone();
+                inner.borrowed.push((held, origin));
+                storage
+            }
+        };
+        drop(inner);
+        // Cannot fail: only pool storages enter a scope's lists.
+        let _ = storage.set_owner(Some(self.clone()));
+    }
+
+    /// Whether this scope's lists hold `storage` (ownership lock held).
+    fn holds(&self, storage: &Arc<Storage>) -> bool {
+        let inner = lock(&self.inner);
+        inner.owned.iter().any(|h| Arc::ptr_eq(&h.0, storage))
+            || inner
+                .borrowed
+                .iter()
+                .any(|(h, _)| Arc::ptr_eq(&h.0, storage))
     }
 
     /// Closes this scope and its children (ownership lock held).
@@ -126,22 +206,11 @@ impl ScopeShared {
         for child in children.iter().filter_map(Weak::upgrade) {
             child.close_locked();
         }
-        for storage in owned {
-            storage.free_for_scope();
+        for held in owned {
+            held.0.free_for_scope();
         }
-        for (storage, original) in borrowed {
-            match original {
-                Some(owner) if !owner.is_closed() => {
-                    if owner.give_back(&storage).is_err() {
-                        storage.free_for_scope();
-                    }
-                }
-                Some(_) => storage.free_for_scope(),
-                None => {
-                    // Its handles owned it before the borrow: they own it again.
-                    let _ = storage.set_owner(None);
-                }
-            }
+        for (held, origin) in borrowed {
+            give_back(held, origin);
         }
         if let Some(parent) = &self.parent {
             lock(&parent.inner)
@@ -150,17 +219,18 @@ impl ScopeShared {
         }
     }
 
-    /// Takes a storage back after a borrow, even if capped since (it was ours before).
-    fn give_back(self: &Arc<Self>, storage: &Arc<Storage>) -> Result<()> {
-        storage.set_owner(Some(self.clone()))?;
-        lock(&self.inner).owned.push(storage.clone());
-        Ok(())
-    }
-
     fn dump(&self, depth: usize, out: &mut String) {
         let inner = lock(&self.inner);
-        let owned_bytes: usize = inner.owned.iter().map(|s| s.len()).sum();
-        let borrowed_bytes: usize = inner.borrowed.iter().map(|(s, _)| s.len()).sum();
+        let live = |h: &&Held| h.0.is_live();
+        let owned = inner.owned.iter().filter(live).count();
+        let owned_bytes: usize = inner.owned.iter().filter(live).map(|h| h.0.len()).sum();
+        let borrowed = inner.borrowed.iter().filter(|(h, _)| h.0.is_live()).count();
+        let borrowed_bytes: usize = inner
+            .borrowed
+            .iter()
+            .filter(|(h, _)| h.0.is_live())
+            .map(|(h, _)| h.0.len())
+            .sum();
         let flags = self.flags.load(Ordering::Acquire);
         let _ = write!(
             out,
@@ -172,17 +242,12 @@ impl ScopeShared {
                 "scope"
             },
             self.name,
-            inner.owned.len(),
+            owned,
             owned_bytes,
             indent = depth * 2
         );
-        if !inner.borrowed.is_empty() {
-            let _ = write!(
-                out,
-                " (+{} borrowed, {} bytes)",
-                inner.borrowed.len(),
-                borrowed_bytes
-            );
+        if borrowed != 0 {
+            let _ = write!(out, " (+{borrowed} borrowed, {borrowed_bytes} bytes)");
         }
         if flags & CAPPED != 0 {
             out.push_str(" capped");
@@ -197,6 +262,47 @@ impl ScopeShared {
             child.dump(depth + 1, out);
         }
     }
+}
+
+/// Gives a borrowed storage back to `origin` as its borrower closes (ownership lock
+/// held): to its handles, to its open owner (even if capped since: it was theirs), to
+/// an open scope that had borrowed it in turn, or, when that scope closed meanwhile, to
+/// whom that scope would have given it back. An owner that closed meanwhile frees it.
+fn give_back(held: Held, origin: Origin) {
+    let storage = held.0.clone();
+    match origin {
+        Origin::Handles => {
+            drop(held);
+            let _ = storage.set_owner(None);
+        }
+        Origin::Owned(owner) if !owner.is_closed() => {
+            let _ = storage.set_owner(Some(owner.clone()));
+            lock(&owner.inner).owned.push(held);
+        }
+        Origin::Owned(_) => {
+            drop(held);
+            storage.free_for_scope();
+        }
+        Origin::Borrowed(borrower, origin) if !borrower.is_closed() => {
+            let _ = storage.set_owner(Some(borrower.clone()));
+            lock(&borrower.inner).borrowed.push((held, *origin));
+        }
+        Origin::Borrowed(_, origin) => give_back(held, *origin),
+    }
+}
+
+/// [`Error::ScopeClosed`] if `storage` was freed by its closed scope.
+fn check_not_freed(storage: &Storage, op: &str) -> Result<()> {
+    if storage.is_freed() {
+        return Err(Error::ScopeClosed {
+            op: op.into(),
+            arg: "X".into(),
+            scope: storage
+                .owner()
+                .map_or_else(|| "?".into(), |s| s.name().to_string()),
+        });
+    }
+    Ok(())
 }
 
 fn root() -> &'static Arc<ScopeShared> {
@@ -240,10 +346,13 @@ impl Scope {
         }
     }
 
-    /// A new scope under this one (DJL's `newSubManager()`); closed with its parent.
+    /// A new scope under this one (DJL's `newSubManager()`); closed with its parent. A
+    /// closed (or concurrently closing) parent gives [`Error::ScopeClosed`], never an open
+    /// child under a closed parent.
     pub fn child(&self, name: &str) -> Result<Scope> {
+        let _transfer = lock(&OWNERSHIP);
         if self.shared.is_closed() {
-            return Err(self.closed_error("create a child"));
+            return Err(self.shared.closed("child", "X"));
         }
         Ok(Scope {
             shared: ScopeShared::new(name, Some(self.shared.clone())),
@@ -263,12 +372,19 @@ impl Scope {
 
     /// Tensors the scope owns now (borrowed ones excluded).
     pub fn tensor_count(&self) -> usize {
-        lock(&self.shared.inner).owned.len()
+        let inner = lock(&self.shared.inner);
+        inner.owned.iter().filter(|h| h.0.is_live()).count()
     }
 
     /// Bytes of the tensors the scope owns now.
     pub fn bytes(&self) -> usize {
-        lock(&self.shared.inner).owned.iter().map(|s| s.len()).sum()
+        let inner = lock(&self.shared.inner);
+        inner
+            .owned
+            .iter()
+            .filter(|h| h.0.is_live())
+            .map(|h| h.0.len())
+            .sum()
     }
 
     /// A zero-filled tensor owned by this scope (ignores any current workspace).
@@ -291,55 +407,97 @@ impl Scope {
         Tensor::from_slice_in_scope(data, shape, &self.shared)
     }
 
-    /// Makes this scope the owner of `tensor` (from its handles or another scope).
+    /// Makes this scope the owner of `tensor` (from its handles or another scope; a
+    /// tensor this scope borrowed becomes its own for good). Errors: the scope is closed
+    /// ([`Error::ScopeClosed`]) or capped ([`Error::ScopeCapped`]), the tensor's memory was
+    /// already freed by its closed scope ([`Error::ScopeClosed`]), or it lives in a
+    /// workspace ([`Error::Scope`]).
     pub fn attach(&self, tensor: &Tensor) -> Result<()> {
         let storage = tensor.storage();
         let _transfer = lock(&OWNERSHIP);
-        self.shared.check_attachable()?;
+        check_not_freed(storage, "attach")?;
+        self.shared.check_attachable("attach", "X")?;
         let previous = storage.owner();
-        if previous
-            .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, &self.shared))
-        {
-            return Ok(());
+        if let Some(previous) = &previous {
+            if Arc::ptr_eq(previous, &self.shared) {
+                match self.shared.release(storage) {
+                    Some(Entry::Borrowed(held, _)) | Some(Entry::Owned(held)) => {
+                        lock(&self.shared.inner).owned.push(held);
+                    }
+                    None => self.shared.take("attach", "X", storage)?,
+                }
+                return Ok(());
+            }
         }
-        self.shared.take(storage)?;
+        self.shared.take("attach", "X", storage)?;
         if let Some(previous) = previous {
-            previous.release(storage);
+            drop(previous.release(storage));
         }
         Ok(())
     }
 
-    /// Hands `tensor` from this scope to its handles: the caller now owns it.
+    /// Hands `tensor` from this scope to its handles: the caller now owns it. A tensor this
+    /// scope borrowed ([`Scope::temp_attach_all`]) is detached too: neither this scope nor
+    /// the one it was borrowed from owns it afterwards.
     pub fn detach(&self, tensor: &Tensor) -> Result<()> {
         let storage = tensor.storage();
         let _transfer = lock(&OWNERSHIP);
-        if !self.shared.release(storage) {
-            return Err(self.not_owned_error("detach"));
+        if self.shared.is_closed() {
+            return Err(self.shared.closed("detach", "X"));
         }
+        let entry = self
+            .shared
+            .release(storage)
+            .ok_or_else(|| self.not_owned_error("detach"))?;
+        drop(entry);
         storage.set_owner(None)?;
         Ok(())
     }
 
     /// Borrows `tensors`: this scope owns them until it closes, then gives each back to
-    /// the scope (or the handles) that owned it before.
+    /// the scope (or the handles) that owned it before. A tensor listed twice is borrowed
+    /// once; one this scope already owns or borrows is left as it is. All or nothing: if
+    /// any tensor cannot be borrowed (freed by its closed scope, or in a workspace),
+    /// nothing is.
     pub fn temp_attach_all(&self, tensors: &[&Tensor]) -> Result<()> {
         let _transfer = lock(&OWNERSHIP);
-        self.shared.check_attachable()?;
+        self.shared.check_attachable("temp_attach_all", "X")?;
+        let mut storages: Vec<&Arc<Storage>> = Vec::with_capacity(tensors.len());
         for tensor in tensors {
             let storage = tensor.storage();
-            let previous = storage.set_owner(Some(self.shared.clone()))?;
-            if let Some(previous) = &previous {
-                previous.release(storage);
+            check_not_freed(storage, "temp_attach_all")?;
+            if storage.stamp().is_some() {
+                // The same refusal attach gives.
+                storage.set_owner(Some(self.shared.clone()))?;
             }
+            if !storages.iter().any(|s| Arc::ptr_eq(s, storage)) {
+                storages.push(storage);
+            }
+        }
+        for storage in storages {
+            if self.shared.holds(storage) {
+                continue;
+            }
+            let previous = storage.set_owner(Some(self.shared.clone()))?;
+            let origin = match previous {
+                None => Origin::Handles,
+                Some(previous) => match previous.release(storage) {
+                    Some(Entry::Borrowed(_, origin)) => {
+                        Origin::Borrowed(previous, Box::new(origin))
+                    }
+                    Some(Entry::Owned(_)) | None => Origin::Owned(previous),
+                },
+            };
             lock(&self.shared.inner)
                 .borrowed
-                .push((storage.clone(), previous));
+                .push((Held::new(storage), origin));
         }
         Ok(())
     }
 
-    /// Hands `tensor` to the parent scope (DJL's `ret`), returning it for chaining.
+    /// Hands `tensor` to the parent scope (DJL's `ret`), returning it for chaining; a tensor
+    /// this scope borrowed goes to the parent for good too. If the parent cannot take it
+    /// (capped or closed), the tensor stays with this scope, as before the call.
     pub fn ret(&self, tensor: &Tensor) -> Result<Tensor> {
         let parent = self.shared.parent.clone().ok_or_else(|| Error::Scope {
             scope: self.name().into(),
@@ -347,16 +505,29 @@ impl Scope {
         })?;
         let storage = tensor.storage();
         let _transfer = lock(&OWNERSHIP);
-        parent.check_attachable()?;
-        if !self.shared.release(storage) {
-            return Err(self.not_owned_error("return"));
+        if self.shared.is_closed() {
+            return Err(self.shared.closed("ret", "X"));
         }
-        parent.take(storage)?;
-        Ok(tensor.clone())
+        check_not_freed(storage, "ret")?;
+        let entry = self
+            .shared
+            .release(storage)
+            .ok_or_else(|| self.not_owned_error("return"))?;
+        match parent.take("ret", "X", storage) {
+            Ok(()) => {
+                drop(entry);
+                Ok(tensor.clone())
+            }
+            Err(e) => {
+                self.shared.restore(entry);
+                Err(e)
+            }
+        }
     }
 
     /// After this, attaching anything to the scope is an error (a leak tripwire).
     pub fn cap(&self) {
+        let _transfer = lock(&OWNERSHIP);
         self.shared.flags.fetch_or(CAPPED, Ordering::AcqRel);
     }
 
@@ -380,13 +551,6 @@ impl Scope {
         let mut out = String::new();
         self.shared.dump(0, &mut out);
         out
-    }
-
-    fn closed_error(&self, what: &str) -> Error {
-        Error::Scope {
-            scope: self.name().into(),
-            message: format!("cannot {what}: the scope is closed"),
-        }
     }
 
     fn not_owned_error(&self, what: &str) -> Error {

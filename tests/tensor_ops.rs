@@ -275,3 +275,317 @@ fn log_softmax_matches_ndarray_and_stays_finite_where_softmax_underflows() {
     assert!(matches!(i.log_softmax(0), Err(Error::DType { .. })));
     assert!(matches!(t.log_softmax(2), Err(Error::Shape { .. })));
 }
+
+#[test]
+fn zero_size_shapes_with_huge_axes_are_shape_errors_not_panics() {
+    let shape_err = |r: Result<Tensor, Error>| matches!(r, Err(Error::Shape { .. }));
+    assert!(shape_err(Tensor::zeros(DType::F32, &[0, usize::MAX])));
+    assert!(shape_err(Tensor::zeros(DType::F64, &[usize::MAX, 0])));
+    assert!(shape_err(Tensor::ones(DType::U8, &[0, 1 << 40, 1 << 40])));
+    assert!(shape_err(Tensor::from_slice::<f32>(&[], &[1 << 62, 0, 4])));
+    let empty = Tensor::zeros(DType::F32, &[0]).unwrap();
+    assert!(shape_err(empty.reshape(&[0, 1 << 40, 1 << 40])));
+    assert!(shape_err(empty.reshape(&[1 << 40, 1 << 40, 0])));
+    let one = Tensor::zeros(DType::F32, &[1]).unwrap();
+    assert!(shape_err(one.broadcast_to(&[1 << 62, 1 << 62])));
+    // Within isize: fine, and usable.
+    let wide = Tensor::zeros(DType::F32, &[0, 1 << 40]).unwrap();
+    assert_eq!(wide.len(), 0);
+    assert_eq!(wide.sum(Some(1)).unwrap().shape(), &[0]);
+    let t = wide.transpose().unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), Vec::<f32>::new());
+    assert_eq!(t.reshape(&[0]).unwrap().shape(), &[0]);
+}
+
+#[test]
+fn integer_arithmetic_wraps_and_undefined_division_is_an_error() {
+    let big = Tensor::from_slice(&[i32::MAX, i32::MIN, 7], &[3]).unwrap();
+    let one = Tensor::from_slice(&[1i32, 1, 1], &[3]).unwrap();
+    assert_eq!(
+        big.add(&one).unwrap().to_vec::<i32>().unwrap(),
+        vec![i32::MIN, i32::MIN + 1, 8]
+    );
+    assert_eq!(
+        big.sub(&one).unwrap().to_vec::<i32>().unwrap(),
+        vec![i32::MAX - 1, i32::MAX, 6]
+    );
+    assert_eq!(
+        big.mul(&big).unwrap().to_vec::<i32>().unwrap(),
+        vec![1, 0, 49]
+    );
+    assert_eq!(
+        big.add_scalar(1.0).unwrap().to_vec::<i32>().unwrap(),
+        vec![i32::MIN, i32::MIN + 1, 8]
+    );
+    assert_eq!(
+        big.mul_scalar(2.0).unwrap().to_vec::<i32>().unwrap(),
+        vec![-2, 0, 14]
+    );
+    let wide = Tensor::from_slice(&[i64::MAX, 1], &[2]).unwrap();
+    assert_eq!(
+        wide.sum(None).unwrap().to_vec::<i64>().unwrap(),
+        vec![i64::MIN]
+    );
+    assert_eq!(
+        Tensor::from_slice(&[200u8, 100], &[2, 1])
+            .unwrap()
+            .sum(Some(0))
+            .unwrap()
+            .to_vec::<u8>()
+            .unwrap(),
+        vec![44]
+    );
+    let m = Tensor::from_slice(&[i32::MAX, 1, 1, 1], &[2, 2]).unwrap();
+    assert_eq!(
+        m.matmul(&m).unwrap().to_vec::<i32>().unwrap(),
+        vec![
+            i32::MAX.wrapping_mul(i32::MAX).wrapping_add(1),
+            i32::MAX.wrapping_add(1),
+            i32::MAX.wrapping_add(1),
+            2
+        ]
+    );
+    let mut acc = Tensor::from_slice(&[i32::MAX], &[1]).unwrap();
+    acc.scaled_add(2.0, &Tensor::from_slice(&[i32::MAX], &[1]).unwrap())
+        .unwrap();
+    assert_eq!(acc.to_vec::<i32>().unwrap(), vec![i32::MAX.wrapping_mul(3)]);
+
+    // Division: truncating, by zero and MIN / -1 are arithmetic errors (never panics).
+    let num = Tensor::from_slice(&[7i32, -7, i32::MIN], &[3]).unwrap();
+    let ok = Tensor::from_slice(&[2i32, 2, 2], &[3]).unwrap();
+    assert_eq!(
+        num.div(&ok).unwrap().to_vec::<i32>().unwrap(),
+        vec![3, -3, i32::MIN / 2]
+    );
+    let minus_one = Tensor::from_slice(&[-1i32], &[1]).unwrap();
+    match num.div(&minus_one) {
+        Err(Error::Arithmetic { op, message }) => {
+            assert_eq!(op, "div");
+            assert!(message.contains("overflow"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let zero = Tensor::from_slice(&[1i64, 0], &[2]).unwrap();
+    match Tensor::ones(DType::I64, &[2]).unwrap().div(&zero) {
+        Err(Error::Arithmetic { op, message }) => {
+            assert_eq!(op, "div");
+            assert!(message.contains("division by zero"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        Tensor::ones(DType::U8, &[1])
+            .unwrap()
+            .div(&Tensor::zeros(DType::U8, &[1]).unwrap()),
+        Err(Error::Arithmetic { .. })
+    ));
+    // Floats follow IEEE 754.
+    let f = Tensor::from_slice(&[1.0f32, 0.0], &[2]).unwrap();
+    let z = Tensor::zeros(DType::F32, &[2]).unwrap();
+    let q = f.div(&z).unwrap().to_vec::<f32>().unwrap();
+    assert!(q[0].is_infinite() && q[1].is_nan());
+}
+
+#[test]
+fn mean_of_no_elements_is_an_error_and_argmax_of_an_empty_axis_too() {
+    let empty = Tensor::zeros(DType::F64, &[0, 3]).unwrap();
+    assert!(matches!(empty.mean(None), Err(Error::Shape { .. })));
+    assert!(matches!(empty.mean(Some(0)), Err(Error::Shape { .. })));
+    assert_eq!(empty.mean(Some(1)).unwrap().shape(), &[0]);
+    assert_eq!(empty.sum(None).unwrap().scalar().unwrap(), 0.0);
+    assert!(matches!(empty.argmax(0), Err(Error::Shape { .. })));
+    let a = ndarray::ArrayD::<f64>::zeros(IxDyn(&[0, 3]));
+    assert!(a.mean().is_none() && a.mean_axis(Axis(0)).is_none());
+    let ints = Tensor::from_slice(&[1i32, 2, 4, i32::MAX, i32::MAX, 1], &[2, 3]).unwrap();
+    assert_eq!(
+        ints.mean(Some(1)).unwrap().to_vec::<i32>().unwrap(),
+        vec![2, 1431655765]
+    );
+}
+
+/// `t`'s elements equal `expected`'s within a relative `tol`.
+fn near<T: ndmem::Element>(what: &str, t: &Tensor, expected: ArrayD<T>, tol: f64) {
+    assert_eq!(t.shape(), expected.shape(), "{what}: shape");
+    let got = t.to_vec::<T>().unwrap();
+    for (i, (g, e)) in got.iter().zip(expected.iter()).enumerate() {
+        let (g, e) = (g.to_f64(), e.to_f64());
+        assert!(
+            (g - e).abs() <= tol * (1.0 + e.abs()),
+            "{what}[{i}]: {g} != {e}"
+        );
+    }
+}
+
+macro_rules! every_op_matches_ndarray {
+    ($name:ident, $t:ty, $tol:expr) => {
+        #[test]
+        fn $name() {
+            type T = $t;
+            let tol: f64 = $tol;
+            let a =
+                Array2::<T>::from_shape_fn((3, 4), |(i, j)| ((i * 4 + j) as T * 0.37).sin() + 0.1);
+            let b = Array2::<T>::from_shape_fn((4, 3), |(i, j)| {
+                ((i * 3 + j) as T * 0.53).cos() * 2.0 + 3.0
+            });
+            let ta = Tensor::from_slice(a.as_slice().unwrap(), &[3, 4]).unwrap();
+            let tb = Tensor::from_slice(b.as_slice().unwrap(), &[4, 3]).unwrap();
+            // Non-contiguous operands: transposed views.
+            let (tbt, bt) = (tb.transpose().unwrap(), b.t().to_owned());
+            let (tat, at) = (ta.transpose().unwrap(), a.t().to_owned());
+            let (a, b) = (a.into_dyn(), b.into_dyn());
+            let (bt, at) = (bt.into_dyn(), at.into_dyn());
+            near("add", &ta.add(&tbt).unwrap(), &a + &bt, tol);
+            near("add^T", &tbt.add(&ta).unwrap(), &bt + &a, tol);
+            near("sub", &ta.sub(&tbt).unwrap(), &a - &bt, tol);
+            near("mul", &tbt.mul(&ta).unwrap(), &bt * &a, tol);
+            near("div", &ta.div(&tbt).unwrap(), &a / &bt, tol);
+            near("div^T", &tbt.div(&ta).unwrap(), &bt / &a, tol);
+            // Broadcasting a row and a column of transposed views.
+            near(
+                "row+",
+                &tbt.add(&tat.sum(Some(1)).unwrap()).unwrap(),
+                &bt + &at.sum_axis(Axis(1)),
+                tol,
+            );
+            let col = tbt.sum(Some(1)).unwrap().reshape(&[3, 1]).unwrap();
+            near(
+                "col*",
+                &ta.mul(&col).unwrap(),
+                &a * &bt.sum_axis(Axis(1)).insert_axis(Axis(1)),
+                tol,
+            );
+            near(
+                "add_scalar",
+                &tbt.add_scalar(1.5).unwrap(),
+                bt.mapv(|v| v + 1.5),
+                tol,
+            );
+            near(
+                "mul_scalar",
+                &tbt.mul_scalar(-2.0).unwrap(),
+                bt.mapv(|v| v * -2.0),
+                tol,
+            );
+            near(
+                "relu",
+                &tbt.add_scalar(-3.0).unwrap().relu().unwrap(),
+                bt.mapv(|v| (v - 3.0).max(0.0)),
+                tol,
+            );
+            let shifted = ta.add_scalar(-0.5).unwrap();
+            near(
+                "relu_backward",
+                &shifted.relu_backward(&tbt).unwrap(),
+                ndarray::Zip::from(&a)
+                    .and(&bt)
+                    .map_collect(|&x, &g| if x - 0.5 > 0.0 { g } else { 0.0 }),
+                tol,
+            );
+            near(
+                "sigmoid",
+                &tbt.sigmoid().unwrap(),
+                bt.mapv(|v| 1.0 / (1.0 + (-v).exp())),
+                tol,
+            );
+            near("tanh", &tbt.tanh().unwrap(), bt.mapv(T::tanh), tol);
+            near("exp", &tbt.exp().unwrap(), bt.mapv(T::exp), tol);
+            near("log", &tbt.log().unwrap(), bt.mapv(T::ln), tol);
+            near(
+                "matmul",
+                &ta.matmul(&tb).unwrap(),
+                a.clone()
+                    .into_dimensionality::<ndarray::Ix2>()
+                    .unwrap()
+                    .dot(&b.clone().into_dimensionality::<ndarray::Ix2>().unwrap())
+                    .into_dyn(),
+                tol,
+            );
+            let (a2, b2) = (
+                a.clone().into_dimensionality::<ndarray::Ix2>().unwrap(),
+                b.clone().into_dimensionality::<ndarray::Ix2>().unwrap(),
+            );
+            near(
+                "matmul^T",
+                &tbt.matmul(&tat).unwrap(),
+                b2.t().dot(&a2.t()).into_dyn(),
+                tol,
+            );
+            near(
+                "sum",
+                &tbt.sum(None).unwrap(),
+                ndarray::arr0(bt.sum()).into_dyn(),
+                tol,
+            );
+            for axis in 0..2 {
+                near(
+                    "sum_axis",
+                    &tbt.sum(Some(axis)).unwrap(),
+                    bt.sum_axis(Axis(axis)),
+                    tol,
+                );
+                near(
+                    "mean_axis",
+                    &tbt.mean(Some(axis)).unwrap(),
+                    bt.mean_axis(Axis(axis)).unwrap(),
+                    tol,
+                );
+                let e = bt.mapv(T::exp);
+                let softmax = &e / &e.sum_axis(Axis(axis)).insert_axis(Axis(axis));
+                near("softmax", &tbt.softmax(axis).unwrap(), softmax.clone(), tol);
+                near(
+                    "log_softmax",
+                    &tbt.log_softmax(axis).unwrap(),
+                    softmax.mapv(T::ln),
+                    tol,
+                );
+                let argmax: Vec<i64> = bt
+                    .lanes(Axis(axis))
+                    .into_iter()
+                    .map(|l| {
+                        let mut best = 0;
+                        for (i, v) in l.iter().enumerate() {
+                            if *v > l[best] {
+                                best = i;
+                            }
+                        }
+                        best as i64
+                    })
+                    .collect();
+                assert_eq!(tbt.argmax(axis).unwrap().to_vec::<i64>().unwrap(), argmax);
+            }
+            near(
+                "mean",
+                &tbt.mean(None).unwrap(),
+                ndarray::arr0(bt.mean().unwrap()).into_dyn(),
+                tol,
+            );
+            near("transpose", &tbt, bt.clone(), 0.0);
+            near(
+                "reshape",
+                &tbt.reshape(&[2, 6]).unwrap(),
+                bt.iter()
+                    .copied()
+                    .collect::<ndarray::Array1<T>>()
+                    .into_shape_with_order((2, 6))
+                    .unwrap()
+                    .into_dyn(),
+                0.0,
+            );
+            near(
+                "broadcast_to",
+                &tbt.broadcast_to(&[2, 3, 4]).unwrap(),
+                bt.broadcast(IxDyn(&[2, 3, 4])).unwrap().to_owned(),
+                0.0,
+            );
+            // In place: assign and scaled_add from transposed sources.
+            let mut w = tb.transpose().unwrap().copy().unwrap();
+            w.scaled_add(0.25, &ta).unwrap();
+            near("scaled_add", &w, &bt + &a.mapv(|v| v * 0.25), tol);
+            w.assign(&tat.transpose().unwrap()).unwrap();
+            near("assign", &w, a.clone(), 0.0);
+        }
+    };
+}
+
+every_op_matches_ndarray!(every_op_matches_ndarray_f32, f32, 1e-5);
+every_op_matches_ndarray!(every_op_matches_ndarray_f64, f64, 1e-12);

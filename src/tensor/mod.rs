@@ -77,45 +77,110 @@ pub struct Tensor {
     offset: usize,
 }
 
-/// A read-only ndarray view of a tensor, valid while this value lives (it holds an epoch
-/// pin so the memory cannot be reclaimed under it).
+/// A read-only view of a tensor's elements, valid while this value lives.
 ///
-/// A view of workspace memory also pins it: until the view drops, the workspace refuses
-/// to start a new cycle or be destroyed ([`Error::WorkspaceInUse`]), so the bytes it shows
-/// are never rewritten or freed underneath it.
+/// It keeps the memory from being freed without pinning the reclamation epoch (a view held
+/// for a long time delays nothing else): a scope that closes meanwhile frees the memory
+/// only when the view drops, and a view of workspace memory pins the workspace: until the
+/// view drops, it refuses to start a new cycle or be destroyed
+/// ([`Error::WorkspaceInUse`]), so the bytes shown are never rewritten or freed.
+///
+/// Read it through [`TensorView::as_array`] (an ndarray view borrowed from this value, so
+/// it cannot outlive it), [`TensorView::get`], indexing or [`TensorView::sum`].
+///
+/// A view stays on the thread that made it (the tensor itself may be sent, and viewed
+/// there):
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// let t = ndmem::Tensor::ones(ndmem::DType::F32, &[2]).unwrap();
+/// send(t.view::<f32>().unwrap());
+/// ```
 pub struct TensorView<'a, T> {
     view: ArrayViewD<'a, T>,
-    _pin: Pin,
-    _workspace_pin: Option<crate::workspace::ViewPin>,
+    _hold: storage::ViewHold<'a>,
+    /// Not `Send` or `Sync`: a workspace view's pin belongs to the workspace's thread.
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
-impl<'a, T> std::ops::Deref for TensorView<'a, T> {
-    type Target = ArrayViewD<'a, T>;
-    fn deref(&self) -> &Self::Target {
-        &self.view
+impl<T: Element> TensorView<'_, T> {
+    /// The elements as an ndarray view, for as long as this value is borrowed.
+    pub fn as_array(&self) -> ArrayViewD<'_, T> {
+        self.view.view()
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.view.shape()
+    }
+
+    /// The element at `index` (one coordinate per axis), or `None` if out of bounds.
+    pub fn get(&self, index: &[usize]) -> Option<&T> {
+        self.view.get(index)
+    }
+
+    /// The elements in row-major order.
+    pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+        self.view.iter()
+    }
+
+    /// The sum of the elements (ndarray's `sum`; integer sums wrap).
+    pub fn sum(&self) -> T {
+        T::sum_of(self.view.view())
     }
 }
 
-/// Elements of `shape`, or a shape error if the count overflows.
-fn element_count(op: &str, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, d| n.checked_mul(*d))
-        .ok_or_else(|| Error::Shape {
-            op: op.into(),
-            message: format!("shape {shape:?} has more elements than fit in memory"),
-        })
+impl<T: Element, const N: usize> std::ops::Index<[usize; N]> for TensorView<'_, T> {
+    type Output = T;
+    /// The element at `index`. Panics if it is out of bounds, like slice indexing; use
+    /// [`TensorView::get`] to check instead.
+    fn index(&self, index: [usize; N]) -> &T {
+        &self.view[&index[..]]
+    }
 }
 
-/// Row-major strides of `shape`.
-fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+impl<T: std::fmt::Debug> std::fmt::Debug for TensorView<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.view.fmt(f)
+    }
+}
+
+/// Elements of `shape` holding `elem_size`-byte values, or a shape error if the shape
+/// cannot describe memory: the product of its non-zero axes times `elem_size` must fit in
+/// `isize` (ndarray's rule, applied to zero-size shapes too, so their strides and views
+/// never overflow).
+fn element_count(op: &str, shape: &[usize], elem_size: usize) -> Result<usize> {
+    let too_large = || Error::Shape {
+        op: op.into(),
+        message: format!("shape {shape:?} has more elements than fit in memory"),
+    };
+    let nonzero = shape
+        .iter()
+        .filter(|d| **d != 0)
+        .try_fold(1usize, |n, d| n.checked_mul(*d))
+        .ok_or_else(too_large)?;
+    match nonzero.checked_mul(elem_size.max(1)) {
+        Some(bytes) if bytes <= isize::MAX as usize => {}
+        _ => return Err(too_large()),
+    }
+    Ok(if shape.contains(&0) { 0 } else { nonzero })
+}
+
+/// Row-major strides of `shape`, or a shape error if they overflow (they cannot for a
+/// shape [`element_count`] accepted).
+fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Vec<usize>> {
     let mut strides = vec![0; shape.len()];
-    let mut step = 1;
+    let mut step = 1usize;
     for (stride, dim) in strides.iter_mut().zip(shape).rev() {
         *stride = step;
-        step *= (*dim).max(1);
+        step = step
+            .checked_mul((*dim).max(1))
+            .ok_or_else(|| Error::Shape {
+                op: op.into(),
+                message: format!("shape {shape:?} has more elements than fit in memory"),
+            })?;
     }
-    strides
+    Ok(strides)
 }
 
 impl Tensor {
@@ -207,7 +272,7 @@ impl Tensor {
         shape: &[usize],
         placement: Placement<'_>,
     ) -> Result<Tensor> {
-        let n = element_count("from_slice", shape)?;
+        let n = element_count("from_slice", shape, size_of::<T>())?;
         if n != data.len() {
             return Err(Error::Shape {
                 op: "from_slice".into(),
@@ -233,24 +298,27 @@ impl Tensor {
         placement: Placement<'_>,
         fill: impl FnOnce(ArrayViewMutD<'_, T>) -> Result<()>,
     ) -> Result<Tensor> {
-        let n = element_count(op, shape)?;
-        let bytes = n.checked_mul(size_of::<T>()).ok_or_else(|| Error::Shape {
-            op: op.into(),
-            message: format!("shape {shape:?} of {} is too large", T::DTYPE),
-        })?;
+        let n = element_count(op, shape, size_of::<T>())?;
+        let strides = contiguous_strides(op, shape)?;
+        // Cannot overflow: element_count bounds it by isize::MAX.
+        let bytes = n * size_of::<T>();
         let mut storage =
-            NewStorage::allocate(bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
+            NewStorage::allocate(op, bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
         {
             let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut());
-            let view = ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n])
-                .expect("a fresh buffer holds its shape");
+            let view = ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n]).map_err(|e| {
+                Error::Shape {
+                    op: op.into(),
+                    message: format!("shape {shape:?} cannot be laid out: {e}"),
+                }
+            })?;
             fill(view)?;
         }
         Ok(Tensor {
-            storage: storage.share()?,
+            storage: storage.share(op)?,
             dtype: T::DTYPE,
             shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            strides,
             offset: 0,
         })
     }
@@ -313,14 +381,14 @@ impl Tensor {
         Ok(view.iter().copied().collect())
     }
 
-    /// A read-only ndarray view (no copy).
+    /// A read-only view of the elements (no copy), checked like an op's argument.
     pub fn view<T: Element>(&self) -> Result<TensorView<'_, T>> {
-        let pin = reclaim::pin();
-        let view = self.array::<T>("view", "X", &pin)?;
+        self.check_dtype::<T>("view", "X")?;
+        let (hold, bytes) = self.storage.hold_for_view("view", "X")?;
         Ok(TensorView {
-            view,
-            _pin: pin,
-            _workspace_pin: self.storage.stamp().map(|s| s.pin_view()),
+            view: self.view_of(bytes, "view", "X")?,
+            _hold: hold,
+            _thread: std::marker::PhantomData,
         })
     }
 
@@ -341,15 +409,30 @@ impl Tensor {
         &'a self,
         op: &str,
         arg: &str,
-        pin: &Pin,
+        pin: &'a Pin,
     ) -> Result<ArrayViewD<'a, T>> {
+        self.check_dtype::<T>(op, arg)?;
+        let bytes = self.storage.read(op, arg, pin)?;
+        self.view_of(bytes, op, arg)
+    }
+
+    fn check_dtype<T: Element>(&self, op: &str, arg: &str) -> Result<()> {
         if T::DTYPE != self.dtype {
             return Err(Error::DType {
                 op: op.into(),
                 message: format!("{arg} argument is {}, not {}", self.dtype, T::DTYPE),
             });
         }
-        let bytes = self.storage.read(op, arg, pin)?;
+        Ok(())
+    }
+
+    /// This tensor's elements in `bytes` (its storage's), as an ndarray view.
+    fn view_of<'a, T: Element>(
+        &self,
+        bytes: &'a [u8],
+        op: &str,
+        arg: &str,
+    ) -> Result<ArrayViewD<'a, T>> {
         let data: &[T] = bytemuck::cast_slice(bytes);
         let view = if self.is_empty() {
             ArrayViewD::from_shape(IxDyn(&self.shape), &data[..0])
@@ -357,7 +440,13 @@ impl Tensor {
             let shape = IxDyn(&self.shape).strides(IxDyn(&self.strides));
             ArrayViewD::from_shape(shape, &data[self.offset..])
         };
-        Ok(view.expect("tensor metadata fits its storage"))
+        view.map_err(|e| Error::Shape {
+            op: op.into(),
+            message: format!(
+                "{arg} argument's shape {:?} does not fit its memory: {e}",
+                self.shape
+            ),
+        })
     }
 
     // ---- moving data out (SEMANTICS 3) ------------------------------------------
@@ -370,11 +459,11 @@ impl Tensor {
     /// A copy in the parent of the current workspace, or detached if there is none;
     /// unchanged if it already lives there (ND4J `leverage`).
     pub fn leverage(&self) -> Result<Tensor> {
-        self.storage.check("leverage", "X")?;
         if let (Some(parent), Some(stamp)) =
             (crate::workspace::parent_of_current(), self.storage.stamp())
         {
             if stamp.is_in(&parent) {
+                self.storage.check("leverage", "X")?;
                 return Ok(self.clone());
             }
         }
@@ -384,8 +473,8 @@ impl Tensor {
     /// A copy in the open workspace `id` of this thread (ND4J `leverageTo`); unchanged if
     /// it already lives there; an error if no such workspace exists.
     pub fn leverage_to(&self, id: &str) -> Result<Tensor> {
-        self.storage.check("leverage_to", "X")?;
         if self.storage.stamp().is_some_and(|s| s.is_in(id)) {
+            self.storage.check("leverage_to", "X")?;
             return Ok(self.clone());
         }
         self.copy_to("leverage_to", Placement::Workspace(id))
@@ -398,11 +487,11 @@ impl Tensor {
 
     /// A contiguous copy placed by the allocation flow (ND4J `dup`).
     pub fn copy(&self) -> Result<Tensor> {
-        self.copy_to("copy", Placement::Auto(self.storage.owner().as_ref()))
+        self.copy_to("copy", Placement::Auto(Some(&self.storage)))
     }
 
+    /// A contiguous copy where `placement` says; the read checks the tensor (once).
     fn copy_to(&self, op: &str, placement: Placement<'_>) -> Result<Tensor> {
-        self.storage.check(op, "X")?;
         with_dtype!(self.dtype, T => {
             let pin = reclaim::pin();
             let source = self.array::<T>(op, "X", &pin)?;

@@ -1,4 +1,5 @@
-//! Tensor operations: shape logic here, kernels from ndarray (`Zip`, `general_mat_mul`).
+//! Tensor operations: shape logic here, kernels from ndarray (`Zip`, `sum`, `mean`,
+//! `general_mat_mul`; integer matmul and sums wrap, so they fold with wrapping arithmetic).
 //!
 //! Invariant: every op checks each input (by taking its checked view) and writes only into
 //! a fresh output, placed by the allocation flow with the first input's scope; no op
@@ -7,6 +8,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
 
+use super::dtype::sealed::Sealed;
 use super::storage::Placement;
 use super::{contiguous_strides, element_count, with_dtype, DType, Element, Float, Tensor};
 use crate::error::{Error, Result};
@@ -80,34 +82,46 @@ impl Tensor {
         other: &Tensor,
         f: impl Fn(T, T) -> T,
     ) -> Result<Tensor> {
+        self.zip_checked(op, other, f, || Ok(()))
+    }
+
+    /// [`Tensor::zip_with`], then `verdict` decides (before the output is shared) whether
+    /// the result stands: a kernel that met undefined arithmetic records it for `verdict`.
+    fn zip_checked<T: Element>(
+        &self,
+        op: &str,
+        other: &Tensor,
+        f: impl Fn(T, T) -> T,
+        verdict: impl FnOnce() -> Result<()>,
+    ) -> Result<Tensor> {
         self.same_dtype(op, other)?;
-        self.storage.check(op, "X")?;
-        other.storage.check(op, "Y")?;
         let shape = broadcast_shape(op, &self.shape, &other.shape)?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>(op, "X", &pin)?;
         let y = other.array::<T>(op, "Y", &pin)?;
-        Tensor::build::<T>(op, &shape, Placement::Auto(owner.as_ref()), |mut out| {
-            let dim = out.raw_dim();
-            Zip::from(&mut out)
-                .and_broadcast(&x.broadcast(dim.clone()).expect("shapes were checked"))
-                .and_broadcast(&y.broadcast(dim).expect("shapes were checked"))
-                .for_each(|o, &a, &b| *o = f(a, b));
-            Ok(())
-        })
+        Tensor::build::<T>(
+            op,
+            &shape,
+            Placement::Auto(Some(&self.storage)),
+            |mut out| {
+                let dim = out.raw_dim();
+                Zip::from(&mut out)
+                    .and_broadcast(&x.broadcast(dim.clone()).expect("shapes were checked"))
+                    .and_broadcast(&y.broadcast(dim).expect("shapes were checked"))
+                    .for_each(|o, &a, &b| *o = f(a, b));
+                verdict()
+            },
+        )
     }
 
     /// Elementwise `f(x)`.
     fn map<T: Element, U: Element>(&self, op: &str, f: impl Fn(T) -> U) -> Result<Tensor> {
-        self.storage.check(op, "X")?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>(op, "X", &pin)?;
         Tensor::build::<U>(
             op,
             &self.shape,
-            Placement::Auto(owner.as_ref()),
+            Placement::Auto(Some(&self.storage)),
             |mut out| {
                 Zip::from(&mut out).and(&x).for_each(|o, &a| *o = f(a));
                 Ok(())
@@ -128,52 +142,66 @@ impl Tensor {
         }
     }
 
-    /// `self + other`, broadcasting.
+    /// `self + other`, broadcasting. Integers wrap on overflow (like NumPy and PyTorch).
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
-        with_dtype!(self.dtype, T => self.zip_with::<T>("add", other, |a, b| a + b))
+        with_dtype!(self.dtype, T => self.zip_with::<T>("add", other, T::add_wrapping))
     }
 
-    /// `self - other`, broadcasting.
+    /// `self - other`, broadcasting. Integers wrap on overflow.
     pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
-        with_dtype!(self.dtype, T => self.zip_with::<T>("sub", other, |a, b| a - b))
+        with_dtype!(self.dtype, T => self.zip_with::<T>("sub", other, T::sub_wrapping))
     }
 
-    /// `self * other` elementwise, broadcasting.
+    /// `self * other` elementwise, broadcasting. Integers wrap on overflow.
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
-        with_dtype!(self.dtype, T => self.zip_with::<T>("mul", other, |a, b| a * b))
+        with_dtype!(self.dtype, T => self.zip_with::<T>("mul", other, T::mul_wrapping))
     }
 
-    /// `self / other` elementwise, broadcasting. Integer division by zero is an error.
+    /// `self / other` elementwise, broadcasting. Integer division truncates toward zero;
+    /// an integer division by zero, or `MIN / -1`, is [`Error::Arithmetic`] (floats follow
+    /// IEEE 754: `inf`, `NaN`).
     pub fn div(&self, other: &Tensor) -> Result<Tensor> {
-        if !self.dtype.is_float() && other.dtype == self.dtype {
-            let pin = reclaim::pin();
-            let has_zero = with_dtype!(other.dtype, T => other
-                .array::<T>("div", "Y", &pin)?
-                .iter()
-                .any(|v| v.to_f64() == 0.0));
-            if has_zero {
-                return Err(Error::Shape {
-                    op: "div".into(),
-                    message: "Y argument holds a zero: integer division by zero".into(),
-                });
-            }
-        }
-        with_dtype!(self.dtype, T => self.zip_with::<T>("div", other, |a, b| a / b))
-    }
-
-    /// `self + value`.
-    pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
         with_dtype!(self.dtype, T => {
-            let v = T::from_f64(value);
-            self.map::<T, T>("add_scalar", move |a| a + v)
+            let failed: std::cell::Cell<Option<(T, T)>> = std::cell::Cell::new(None);
+            self.zip_checked::<T>(
+                "div",
+                other,
+                |a, b| {
+                    a.div_checked(b).unwrap_or_else(|| {
+                        if failed.get().is_none() {
+                            failed.set(Some((a, b)));
+                        }
+                        T::from_f64(0.0)
+                    })
+                },
+                || match failed.get() {
+                    None => Ok(()),
+                    Some((a, b)) => Err(Error::Arithmetic {
+                        op: "div".into(),
+                        message: format!(
+                            "integer division {a:?} / {b:?} has no {} result{}",
+                            T::DTYPE,
+                            if b == T::from_f64(0.0) { " (division by zero)" } else { " (overflow)" }
+                        ),
+                    }),
+                },
+            )
         })
     }
 
-    /// `self * value`.
+    /// `self + value` (`value` converted to the dtype like `as`). Integers wrap.
+    pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
+        with_dtype!(self.dtype, T => {
+            let v = T::from_f64(value);
+            self.map::<T, T>("add_scalar", move |a| a.add_wrapping(v))
+        })
+    }
+
+    /// `self * value` (`value` converted to the dtype like `as`). Integers wrap.
     pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
         with_dtype!(self.dtype, T => {
             let v = T::from_f64(value);
-            self.map::<T, T>("mul_scalar", move |a| a * v)
+            self.map::<T, T>("mul_scalar", move |a| a.mul_wrapping(v))
         })
     }
 
@@ -218,69 +246,90 @@ impl Tensor {
         self.map_float("log", f32::ln, f64::ln)
     }
 
-    /// Sum over `axis` (removing it), or of every element (`None`: a 0-d tensor).
+    /// Sum over `axis` (removing it), or of every element (`None`: a 0-d tensor). Floats
+    /// use ndarray's `sum`; integers wrap on overflow. An empty sum is 0.
     pub fn sum(&self, axis: Option<usize>) -> Result<Tensor> {
         with_dtype!(self.dtype, T => self.reduce::<T>("sum", axis, false))
     }
 
-    /// Mean over `axis` (removing it), or of every element (`None`).
+    /// Mean over `axis` (removing it), or of every element (`None`), by ndarray's `mean`.
+    /// The mean of no elements (an empty tensor, or an axis of length 0) is undefined, as
+    /// in ndarray (`None` there): [`Error::Shape`]. Integer means are computed in `f64`
+    /// and converted back like `as` (truncating toward zero).
     pub fn mean(&self, axis: Option<usize>) -> Result<Tensor> {
         with_dtype!(self.dtype, T => self.reduce::<T>("mean", axis, true))
     }
 
     fn reduce<T: Element>(&self, op: &str, axis: Option<usize>, mean: bool) -> Result<Tensor> {
-        self.storage.check(op, "X")?;
-        let owner = self.storage.owner();
+        if let Some(axis) = axis {
+            check_axis(op, axis, self.ndim())?;
+        }
+        let lanes = axis.map_or(self.len(), |a| self.shape[a]);
+        if mean && lanes == 0 {
+            return Err(Error::Shape {
+                op: op.into(),
+                message: format!(
+                    "the mean of no elements is undefined (X argument has shape {:?}{})",
+                    self.shape,
+                    axis.map_or(String::new(), |a| format!(", axis {a}"))
+                ),
+            });
+        }
         let pin = reclaim::pin();
         let x = self.array::<T>(op, "X", &pin)?;
-        let zero = T::from_f64(0.0);
+        let reduce_lane = |lane: ArrayViewD<'_, T>| -> T {
+            if mean {
+                // Never empty here (checked above), so the mean is `Some`.
+                T::mean_of(lane).unwrap_or_else(T::zero)
+            } else {
+                T::sum_of(lane)
+            }
+        };
         match axis {
             None => {
-                let n = self.len();
-                let total = x.iter().fold(zero, |acc, v| acc + *v);
-                let value = if mean {
-                    T::from_f64(total.to_f64() / n.max(1) as f64)
-                } else {
-                    total
-                };
-                Tensor::build::<T>(op, &[], Placement::Auto(owner.as_ref()), |mut out| {
+                let value = reduce_lane(x.view());
+                Tensor::build::<T>(op, &[], Placement::Auto(Some(&self.storage)), |mut out| {
                     out.fill(value);
                     Ok(())
                 })
             }
             Some(axis) => {
-                check_axis(op, axis, self.ndim())?;
-                let n = self.shape[axis];
                 let mut shape = self.shape.clone();
                 shape.remove(axis);
-                Tensor::build::<T>(op, &shape, Placement::Auto(owner.as_ref()), |mut out| {
-                    Zip::from(&mut out)
-                        .and(x.lanes(Axis(axis)))
-                        .for_each(|o, lane| {
-                            let total = lane.iter().fold(zero, |acc, v| acc + *v);
-                            *o = if mean {
-                                T::from_f64(total.to_f64() / n.max(1) as f64)
-                            } else {
-                                total
-                            };
-                        });
-                    Ok(())
-                })
+                Tensor::build::<T>(
+                    op,
+                    &shape,
+                    Placement::Auto(Some(&self.storage)),
+                    |mut out| {
+                        Zip::from(&mut out)
+                            .and(x.lanes(Axis(axis)))
+                            .for_each(|o, lane| *o = reduce_lane(lane.into_dyn()));
+                        Ok(())
+                    },
+                )
             }
         }
     }
 
-    /// Index of the largest element along `axis` (an `i64` tensor without that axis).
+    /// Index of the largest element along `axis` (an `i64` tensor without that axis; the
+    /// first on ties; ndarray has no argmax kernel, so this one is ndmem's). An axis of length 0 has no largest element: [`Error::Shape`].
     pub fn argmax(&self, axis: usize) -> Result<Tensor> {
         check_axis("argmax", axis, self.ndim())?;
-        self.storage.check("argmax", "X")?;
-        let owner = self.storage.owner();
+        if self.shape[axis] == 0 {
+            return Err(Error::Shape {
+                op: "argmax".into(),
+                message: format!(
+                    "axis {axis} of X argument (shape {:?}) is empty: no largest element",
+                    self.shape
+                ),
+            });
+        }
         let mut shape = self.shape.clone();
         shape.remove(axis);
         with_dtype!(self.dtype, T => {
             let pin = reclaim::pin();
             let x = self.array::<T>("argmax", "X", &pin)?;
-            Tensor::build::<i64>("argmax", &shape, Placement::Auto(owner.as_ref()), |mut out| {
+            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&self.storage)), |mut out| {
                 Zip::from(&mut out).and(x.lanes(Axis(axis))).for_each(|o, lane| {
                     let mut best = 0;
                     for (i, v) in lane.iter().enumerate() {
@@ -306,24 +355,21 @@ impl Tensor {
 
     fn softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
         check_axis("softmax", axis, self.ndim())?;
-        self.storage.check("softmax", "X")?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>("softmax", "X", &pin)?;
         Tensor::build::<T>(
             "softmax",
             &self.shape,
-            Placement::Auto(owner.as_ref()),
+            Placement::Auto(Some(&self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
                     .for_each(|mut o, lane| {
-                        let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
-                        let mut total = T::zero();
-                        for (o, v) in o.iter_mut().zip(lane.iter()) {
-                            *o = (*v - max).exp();
-                            total += *o;
-                        }
+                        let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
+                        Zip::from(&mut o)
+                            .and(&lane)
+                            .for_each(|o, &v| *o = (v - max).exp());
+                        let total = o.sum();
                         o.mapv_inplace(|v| v / total);
                     });
                 Ok(())
@@ -344,31 +390,32 @@ impl Tensor {
 
     fn log_softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
         check_axis("log_softmax", axis, self.ndim())?;
-        self.storage.check("log_softmax", "X")?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let x = self.array::<T>("log_softmax", "X", &pin)?;
         Tensor::build::<T>(
             "log_softmax",
             &self.shape,
-            Placement::Auto(owner.as_ref()),
+            Placement::Auto(Some(&self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
                     .for_each(|mut o, lane| {
-                        let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
-                        let total = lane.iter().fold(T::zero(), |t, v| t + (*v - max).exp());
-                        let shift = max + total.ln();
-                        for (o, v) in o.iter_mut().zip(lane.iter()) {
-                            *o = *v - shift;
-                        }
+                        let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
+                        Zip::from(&mut o)
+                            .and(&lane)
+                            .for_each(|o, &v| *o = (v - max).exp());
+                        let shift = max + o.sum().ln();
+                        Zip::from(&mut o)
+                            .and(&lane)
+                            .for_each(|o, &v| *o = v - shift);
                     });
                 Ok(())
             },
         )
     }
 
-    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`), by matrixmultiply.
+    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): floats by
+    /// matrixmultiply (ndarray's `general_mat_mul`), integers by a wrapping dot product.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.same_dtype("matmul", other)?;
         if self.ndim() != 2 || other.ndim() != 2 || self.shape[1] != other.shape[0] {
@@ -384,18 +431,35 @@ impl Tensor {
     }
 
     fn matmul_typed<T: Element>(&self, other: &Tensor) -> Result<Tensor> {
-        self.storage.check("matmul", "X")?;
-        other.storage.check("matmul", "Y")?;
-        let owner = self.storage.owner();
         let pin = reclaim::pin();
         let a = two_d(self.array::<T>("matmul", "X", &pin)?);
         let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
         let shape = [self.shape[0], other.shape[1]];
-        Tensor::build::<T>("matmul", &shape, Placement::Auto(owner.as_ref()), |out| {
-            let mut c = out.into_dimensionality::<Ix2>().expect("output is 2-d");
-            general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
-            Ok(())
-        })
+        Tensor::build::<T>(
+            "matmul",
+            &shape,
+            Placement::Auto(Some(&self.storage)),
+            |out| {
+                let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
+                    op: "matmul".into(),
+                    message: format!("output is not 2-d: {e}"),
+                })?;
+                if T::DTYPE.is_float() {
+                    general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
+                } else {
+                    Zip::from(c.rows_mut())
+                        .and(a.rows())
+                        .for_each(|mut c_row, a_row| {
+                            Zip::from(&mut c_row).and(b.columns()).for_each(|c, b_col| {
+                                *c = a_row.iter().zip(b_col).fold(T::zero(), |acc, (x, y)| {
+                                    acc.add_wrapping(x.mul_wrapping(*y))
+                                });
+                            });
+                        });
+                }
+                Ok(())
+            },
+        )
     }
 
     // ---- in place: only on the sole handle of a tensor ---------------------------
@@ -407,11 +471,11 @@ impl Tensor {
     }
 
     /// `self += alpha * x` in place (BLAS `axpy`; an SGD step is `w.scaled_add(-lr, &g)`).
-    /// Needs the only handle to the memory.
+    /// Needs the only handle to the memory. Integers wrap on overflow.
     pub fn scaled_add(&mut self, alpha: f64, x: &Tensor) -> Result<()> {
         with_dtype!(self.dtype, T => {
             let alpha = T::from_f64(alpha);
-            self.update::<T>("scaled_add", x, move |d, s| d + alpha * s)
+            self.update::<T>("scaled_add", x, move |d, s| d.add_wrapping(alpha.mul_wrapping(s)))
         })
     }
 
@@ -427,7 +491,6 @@ impl Tensor {
                 ),
             });
         }
-        src.storage.check(op, "Y")?;
         let pin = reclaim::pin();
         let source = src.array::<T>(op, "Y", &pin)?;
         // `src` cannot alias: a second handle to this memory makes the write below refuse.
@@ -465,7 +528,7 @@ impl Tensor {
     /// contiguous, else a contiguous copy first.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         self.storage.check("reshape", "X")?;
-        let n = element_count("reshape", shape)?;
+        let n = element_count("reshape", shape, self.dtype.size())?;
         if n != self.len() {
             return Err(Error::Shape {
                 op: "reshape".into(),
@@ -476,14 +539,15 @@ impl Tensor {
                 ),
             });
         }
-        let base = if self.strides == contiguous_strides(&self.shape) {
+        let strides = contiguous_strides("reshape", shape)?;
+        let base = if self.strides == contiguous_strides("reshape", &self.shape)? {
             self.clone()
         } else {
             self.copy()?
         };
         Ok(Tensor {
             shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            strides,
             ..base
         })
     }
@@ -492,6 +556,7 @@ impl Tensor {
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
         self.storage.check("broadcast_to", "X")?;
         let target = broadcast_shape("broadcast_to", &self.shape, shape)?;
+        element_count("broadcast_to", shape, self.dtype.size())?;
         if target != shape {
             return Err(Error::Shape {
                 op: "broadcast_to".into(),

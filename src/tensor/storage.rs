@@ -1,16 +1,19 @@
 //! Where a tensor's bytes live and how to prove they may still be touched.
 //!
-//! Invariant: the bytes of a [`Storage`] are reachable only through [`Storage::read`],
+//! Invariant: the bytes of a [`Storage`] are reachable only through [`Storage::read`]
+//! (under an epoch pin), [`Storage::hold_for_view`] (under a view count or workspace view
+//! pin) and [`Storage::write_exclusive`] (the only tensor handle, under a pin), each of
 //! which first runs the validity check of SEMANTICS 3 and 4 (workspace stamp, or the
-//! "freed by its scope" flag) under an epoch pin. A scope frees pool memory by setting that
-//! flag and deferring the block to [`crate::reclaim`], so a reader that passed the check
-//! keeps the memory until it unpins. Outputs are written only before they are shared
-//! ([`NewStorage::bytes_mut`]). This module and the workspace arena are the only places in
+//! "freed by its scope" flag). A scope frees pool memory by setting that flag and, once no
+//! view holds the block, deferring it to [`crate::reclaim`], so a reader that passed the
+//! check keeps the memory until it unpins or drops its view. Outputs are written before
+//! they are shared ([`NewStorage::bytes_mut`]), shared storages only by
+//! `write_exclusive`. This module and the workspace arena are the only places in
 //! the `ndmem` crate that turn raw pool pointers into slices.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ndmem_alloc::{Block, Pool, Usage};
@@ -25,6 +28,9 @@ pub(crate) struct Storage {
     ptr: NonNull<u8>,
     bytes: usize,
     home: Home,
+    /// References scopes hold (in their owned or borrowed lists); changed only under the
+    /// ownership lock. `Arc::strong_count` minus this is the number of tensor handles.
+    scope_refs: AtomicUsize,
 }
 
 enum Home {
@@ -34,9 +40,12 @@ enum Home {
     Pool(PoolHome),
 }
 
-struct PoolHome {
-    /// Set (once) when the owning scope closed and the block went to reclamation.
+pub(crate) struct PoolHome {
+    /// Set (once) when the owning scope closed; the block goes to reclamation then, or
+    /// when the last [`ViewHold`] drops if views were alive.
     freed: AtomicBool,
+    /// Live [`ViewHold`]s: borrowed views reading the block outside any epoch pin.
+    views: AtomicUsize,
     block: Mutex<Option<Block<'static>>>,
     /// The scope that owns the block; `None`: the handles own it.
     owner: Mutex<Option<Arc<ScopeShared>>>,
@@ -52,8 +61,9 @@ unsafe impl Sync for Storage {}
 /// Where a new storage should go (SEMANTICS "The flow of one allocation").
 #[derive(Clone, Copy)]
 pub(crate) enum Placement<'a> {
-    /// Current workspace, else this scope (the first input's), else the handles.
-    Auto(Option<&'a Arc<ScopeShared>>),
+    /// Current workspace, else the scope that owns this storage (the first input's), if
+    /// any, else the handles. The owner is looked up only when no workspace takes it.
+    Auto(Option<&'a Storage>),
     /// Pool memory owned by the handles, ignoring any workspace (detach).
     Detached,
     /// Pool memory owned by this scope, ignoring any workspace.
@@ -75,6 +85,7 @@ pub(crate) struct NewStorage {
 impl NewStorage {
     /// Allocates `bytes` (at least one) aligned to `align` where `placement` says.
     pub(crate) fn allocate(
+        op: &str,
         bytes: usize,
         align: usize,
         placement: Placement<'_>,
@@ -102,17 +113,18 @@ impl NewStorage {
                     ptr: memory.ptr,
                     bytes,
                     home: Home::Workspace(memory.stamp),
+                    scope_refs: AtomicUsize::new(0),
                 },
                 scope: None,
             });
         }
         let scope = match placement {
-            Placement::Auto(scope) => scope.cloned(),
+            Placement::Auto(first) => first.and_then(Storage::owner),
             Placement::Scope(scope) => Some(scope.clone()),
             _ => None,
         };
         if let Some(scope) = &scope {
-            scope.check_attachable()?;
+            scope.check_attachable(op, "Z")?;
         }
         let block = Pool::global().allocate_for(bytes, layout.align(), Usage::Tensor)?;
         Ok(NewStorage {
@@ -121,9 +133,11 @@ impl NewStorage {
                 bytes,
                 home: Home::Pool(PoolHome {
                     freed: AtomicBool::new(false),
+                    views: AtomicUsize::new(0),
                     block: Mutex::new(Some(block)),
                     owner: Mutex::new(None),
                 }),
+                scope_refs: AtomicUsize::new(0),
             },
             scope,
         })
@@ -137,10 +151,10 @@ impl NewStorage {
     }
 
     /// Shares the storage, attaching it to its scope if it has one.
-    pub(crate) fn share(self) -> Result<Arc<Storage>> {
+    pub(crate) fn share(self, op: &str) -> Result<Arc<Storage>> {
         let storage = Arc::new(self.storage);
         if let Some(scope) = self.scope {
-            scope.adopt(&storage)?;
+            scope.adopt(op, &storage)?;
         }
         Ok(storage)
     }
@@ -196,38 +210,64 @@ impl Storage {
 
     /// The bytes, after the validity check, for as long as `pin` holds the epoch.
     #[inline]
-    pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, _pin: &Pin) -> Result<&'a [u8]> {
+    pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, _pin: &'a Pin) -> Result<&'a [u8]> {
         self.check(op, arg)?;
         // SAFETY: the check passed, so the memory is live: a pool block not yet handed to
         // reclamation (and `_pin` keeps a block handed over after the check alive until the
         // borrow ends), or workspace memory of the current generation on its owner thread
-        // (or a circular workspace whose stamp keeps the buffer alive). Storages are never
-        // written after they are shared.
+        // (or a circular workspace whose stamp keeps the buffer alive). Shared storages are
+        // written only through `write_exclusive`, which needs the only tensor handle, so no
+        // reader of this one exists then.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.bytes) })
     }
 
-    /// The bytes, writable, after the validity check, if `this` is the only handle to the
-    /// storage (a scope that owns it holds one more reference, which never reads or writes
-    /// data); otherwise [`Error::SharedTensor`].
+    /// The bytes, writable, after the validity check, if `this` is the only tensor handle
+    /// to the storage; otherwise [`Error::SharedTensor`]. Scopes' references are counted
+    /// exactly (`scope_refs`, read under the ownership lock, which every change to it
+    /// holds) and never read or write data, so they do not count as handles.
     pub(crate) fn write_exclusive<'a>(
         this: &'a mut Arc<Storage>,
         op: &str,
-        _pin: &Pin,
+        _pin: &'a Pin,
     ) -> Result<&'a mut [u8]> {
-        let owners = 1 + usize::from(this.owner().is_some());
-        let handles = Arc::strong_count(this);
-        if handles != owners {
-            return Err(Error::SharedTensor {
-                op: op.into(),
-                others: handles.saturating_sub(owners),
-            });
-        }
         this.check(op, "X")?;
-        // SAFETY: the check passed (the memory is live, see `read`), and no other handle
-        // exists: `&mut` to the only tensor-side `Arc` excludes every other reader or
-        // writer (the owning scope's reference never touches the bytes, and if it frees
-        // them concurrently the pin keeps the block until this borrow ends).
+        if Arc::strong_count(this) != 1 {
+            // Other references: scopes' or other handles'. Nothing can add a handle while
+            // we hold `&mut` to this one (a clone needs another handle, and scopes never
+            // hand theirs out), and scope references change only under this lock.
+            let _transfer = crate::scope::ownership_lock();
+            let handles = Arc::strong_count(this) - this.scope_refs.load(Ordering::Acquire);
+            if handles != 1 {
+                return Err(Error::SharedTensor {
+                    op: op.into(),
+                    others: handles.saturating_sub(1),
+                });
+            }
+        }
+        // SAFETY: the check passed (the memory is live, see `read`), and no other tensor
+        // handle exists (counted above): `&mut` to the only tensor-side `Arc` excludes
+        // every other reader or writer, including views, which borrow a handle. Scopes'
+        // references never touch the bytes; if the owning scope frees them concurrently,
+        // `_pin` keeps the block allocated until this borrow, bound to it, ends.
         Ok(unsafe { std::slice::from_raw_parts_mut(this.ptr.as_ptr(), this.bytes) })
+    }
+
+    /// A scope took a reference (ownership lock held).
+    pub(crate) fn scope_ref_added(&self) {
+        self.scope_refs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A scope dropped a reference (ownership lock held).
+    pub(crate) fn scope_ref_removed(&self) {
+        self.scope_refs.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether its closed scope freed this (pool) storage.
+    pub(crate) fn is_freed(&self) -> bool {
+        match &self.home {
+            Home::Pool(home) => home.freed.load(Ordering::Acquire),
+            Home::Workspace(_) => false,
+        }
     }
 
     /// The workspace stamp, for workspace-backed storage.
@@ -268,14 +308,72 @@ impl Storage {
         }
     }
 
-    /// Frees the block now (its scope closed): later checks fail, readers pinned before
-    /// keep it until they unpin.
+    /// Frees the block (its scope closed): later checks fail; readers pinned before keep
+    /// it until they unpin, and live views until the last of them drops.
     pub(crate) fn free_for_scope(&self) {
         if let Home::Pool(home) = &self.home {
+            // SeqCst pairs with `hold_for_view`: either the view sees `freed`, or this
+            // sees the view (and the view's drop frees the block).
             home.freed.store(true, Ordering::SeqCst);
-            if let Some(block) = lock(&home.block).take() {
-                reclaim::defer_free(block);
+            if home.views.load(Ordering::SeqCst) == 0 {
+                home.defer_block();
             }
+        }
+    }
+
+    /// The bytes for a borrowed view, checked, kept from being freed until the returned
+    /// hold drops (without an epoch pin, so a long-lived view stalls no reclamation): a
+    /// pool block is kept by a view count its scope's close respects, workspace memory
+    /// by the workspace's view pin.
+    pub(crate) fn hold_for_view(&self, op: &str, arg: &str) -> Result<(ViewHold<'_>, &[u8])> {
+        let hold = match &self.home {
+            Home::Pool(home) => {
+                home.views.fetch_add(1, Ordering::SeqCst);
+                let hold = ViewHold::Pool(home);
+                if home.freed.load(Ordering::SeqCst) {
+                    drop(hold);
+                    return Err(self.refusal(op, arg));
+                }
+                hold
+            }
+            Home::Workspace(stamp) => {
+                stamp.check(op, arg)?;
+                ViewHold::Workspace(stamp.pin_view())
+            }
+        };
+        // SAFETY: the memory is live and stays so while `hold` lives, which the caller
+        // keeps with the slice (`TensorView`): a pool block is not freed while the view
+        // count is non-zero (the count was raised before `freed` was seen clear, so
+        // `free_for_scope` sees it, and the storage itself outlives the `&self` borrow);
+        // workspace memory passed the stamp check on its owner thread and the view pin
+        // stops new cycles and destroys. Shared storages are written only through
+        // `write_exclusive`, which needs the only handle, and a view borrows one.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.bytes) };
+        Ok((hold, bytes))
+    }
+}
+
+/// Keeps a storage's memory alive for a borrowed view (see [`Storage::hold_for_view`]).
+pub(crate) enum ViewHold<'a> {
+    Pool(&'a PoolHome),
+    Workspace(#[allow(dead_code)] workspace::ViewPin),
+}
+
+impl Drop for ViewHold<'_> {
+    fn drop(&mut self) {
+        if let ViewHold::Pool(home) = self {
+            if home.views.fetch_sub(1, Ordering::SeqCst) == 1 && home.freed.load(Ordering::SeqCst) {
+                home.defer_block();
+            }
+        }
+    }
+}
+
+impl PoolHome {
+    /// Hands the block to epoch reclamation, once.
+    fn defer_block(&self) {
+        if let Some(block) = lock(&self.block).take() {
+            reclaim::defer_free(block);
         }
     }
 }
@@ -283,9 +381,8 @@ impl Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         if let Home::Pool(home) = &self.home {
-            if let Some(block) = lock(&home.block).take() {
-                reclaim::defer_free(block);
-            }
+            // No view is alive: views borrow a handle, and this is the last reference.
+            home.defer_block();
         }
     }
 }
