@@ -53,7 +53,8 @@ pub(crate) struct PoolHome {
 
 // SAFETY: the pointer is either into a pool block this storage owns (Block is Send + Sync)
 // or into workspace memory whose cross-thread use the stamp refuses (only circular
-// workspaces, which keep their buffer alive through the stamp, hand memory across threads).
+// workspaces hand memory across threads: their stamps keep the ring alive and hold a
+// counted reference to the slot, which the ring never reuses while it is held).
 unsafe impl Send for Storage {}
 // SAFETY: shared access only reads, through `read`, after the validity check.
 unsafe impl Sync for Storage {}
@@ -215,7 +216,8 @@ impl Storage {
         // SAFETY: the check passed, so the memory is live: a pool block not yet handed to
         // reclamation (and `_pin` keeps a block handed over after the check alive until the
         // borrow ends), or workspace memory of the current generation on its owner thread
-        // (or a circular workspace whose stamp keeps the buffer alive). Shared storages are
+        // (or a circular workspace, whose stamp keeps the ring alive and its slot out of
+        // the ring's reuse, so no cycle writes the bytes while we read). Shared storages are
         // written only through `write_exclusive`, which needs the only tensor handle, so no
         // reader of this one exists then.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.bytes) })
