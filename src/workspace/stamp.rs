@@ -27,16 +27,24 @@ const GENERATION_SHIFT: u32 = 2;
 /// unlike addresses of thread-locals). Costs one thread-local read once assigned.
 #[inline]
 pub(crate) fn thread_token() -> u64 {
-    thread_local! {
-        static TOKEN: Cell<u64> = const { Cell::new(0) };
-    }
-    // A const, destructor-free thread-local is never torn down, so `with` cannot fail.
-    let token = TOKEN.with(Cell::get);
+    let token = assigned_token();
     if token != 0 {
         token
     } else {
         TOKEN.with(assign_token)
     }
+}
+
+thread_local! {
+    static TOKEN: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The calling thread's token, or 0 if it was never assigned. Tokens start at 1, so 0
+/// matches no owner: a thread that never owned a workspace needs no token to be refused.
+#[inline(always)]
+fn assigned_token() -> u64 {
+    // A const, destructor-free thread-local is never torn down, so `with` cannot fail.
+    TOKEN.with(Cell::get)
 }
 
 #[cold]
@@ -143,6 +151,15 @@ pub struct Stamp {
     shared: Arc<Shared>,
     /// The state word at allocation time: `generation << 2 | OPEN`.
     expected: u64,
+    /// What the check compares, kept beside `expected` so the check reads one line of the
+    /// stamp and one word of the workspace: valid iff `state & state_mask == state_wanted`
+    /// and `(thread_token() ^ owner_token) & token_mask == 0`. Non-circular: the whole
+    /// word must equal `expected`, on the owner thread. Circular: only `DESTROYED` must be
+    /// clear, on any thread.
+    state_mask: u64,
+    state_wanted: u64,
+    owner_token: u64,
+    token_mask: u64,
     /// For circular workspaces: the buffer or spill block holding the memory.
     keep_alive: Option<KeepAlive>,
 }
@@ -154,9 +171,15 @@ impl Stamp {
         generation: u64,
         keep_alive: Option<KeepAlive>,
     ) -> Stamp {
+        let expected = generation << GENERATION_SHIFT | OPEN;
+        let circular = shared.circular;
         Stamp {
+            expected,
+            state_mask: if circular { DESTROYED } else { u64::MAX },
+            state_wanted: if circular { 0 } else { expected },
+            owner_token: shared.owner_token,
+            token_mask: if circular { 0 } else { u64::MAX },
             shared,
-            expected: generation << GENERATION_SHIFT | OPEN,
             keep_alive,
         }
     }
@@ -181,11 +204,9 @@ impl Stamp {
     #[inline(always)]
     pub fn is_valid(&self) -> bool {
         let state = self.shared.state.load(Ordering::Acquire);
-        if self.shared.circular {
-            state & DESTROYED == 0
-        } else {
-            state == self.expected && thread_token() == self.shared.owner_token
-        }
+        // Branch-free: both tests always run, and `&` (not `&&`) keeps it that way.
+        (state & self.state_mask == self.state_wanted)
+            & ((assigned_token() ^ self.owner_token) & self.token_mask == 0)
     }
 
     #[cold]
