@@ -360,14 +360,7 @@ impl Tally {
         }
         let ops = self.ops.get() + 1;
         self.ops.set(ops);
-        let far = net.unsigned_abs();
-        // One compare for small blocks; the rest inline, so that a loop of large blocks
-        // does not call out at every operation just to learn there is nothing to do.
-        if (far >= FLUSH_NET_SOON || ops >= FLUSH_OPS)
-            && (ops >= FLUSH_OPS
-                || far >= FLUSH_NET
-                || ops.wrapping_sub(self.live_ops.get()) >= FLUSH_NET_OPS)
-        {
+        if net.unsigned_abs() >= FLUSH_NET_SOON || ops >= FLUSH_OPS {
             self.publish();
         }
     }
