@@ -3,7 +3,7 @@
 //! another on the main thread (`harness = false`): the test harness's own threads would
 //! otherwise allocate in the middle of an exact measurement.
 
-use std::alloc::{Layout, System};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -12,7 +12,67 @@ use std::time::{Duration, Instant};
 use ndmem_alloc::{heap, Tracking};
 
 #[global_allocator]
-static GLOBAL: Tracking<System> = Tracking::new(System);
+static GLOBAL: Tracking<TrueLive> = Tracking::new(TrueLive);
+
+/// System's allocator under `Tracking`, counting the bytes it really holds: a measure of
+/// the heap independent of `Tracking`'s own figures, to check the limit against.
+struct TrueLive;
+
+/// Bytes the inner allocator holds now.
+static TRUE_LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Highest `TRUE_LIVE` since the last [`reset_true_peak`].
+static TRUE_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn reset_true_peak() {
+    TRUE_PEAK.store(TRUE_LIVE.load(Ordering::SeqCst), Ordering::SeqCst);
+}
+
+fn true_grew(bytes: usize) {
+    let now = TRUE_LIVE.fetch_add(bytes, Ordering::SeqCst) + bytes;
+    TRUE_PEAK.fetch_max(now, Ordering::SeqCst);
+}
+
+// SAFETY: forwards every call to System unchanged; the counting only touches atomics.
+unsafe impl GlobalAlloc for TrueLive {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, forwarded unchanged.
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            true_grew(layout.size());
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, forwarded unchanged.
+        let ptr = unsafe { System.alloc_zeroed(layout) };
+        if !ptr.is_null() {
+            true_grew(layout.size());
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        TRUE_LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
+        // SAFETY: the caller's pointer and layout, forwarded unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    /// Counts the net change once the reallocation is done (a moving realloc holds both
+    /// blocks for a moment; that transient is not what `Tracking` bounds, see its docs).
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            if new_size >= layout.size() {
+                true_grew(new_size - layout.size());
+            } else {
+                TRUE_LIVE.fetch_sub(layout.size() - new_size, Ordering::SeqCst);
+            }
+        }
+        new
+    }
+}
 
 const CHILD: &str = "NDMEM_HEAP_TEST_CHILD";
 
@@ -66,6 +126,25 @@ fn peak_follows_allocations_and_resets() {
     assert_eq!(heap::stats().peak_bytes, heap::stats().live_bytes);
 }
 
+/// A single thread sees an exact peak, even for blocks too small to make the thread
+/// publish its tally on their own (the module docs promise exact figures to one thread).
+fn peak_is_exact_for_small_blocks_on_one_thread() {
+    for size in [100, 64 << 10, 200 << 10] {
+        heap::reset_peak();
+        let start = heap::stats();
+        let small: Vec<u8> = Vec::with_capacity(size);
+        std::hint::black_box(&small);
+        drop(small);
+        let after = heap::stats();
+        assert_eq!(after.live_bytes, start.live_bytes, "{size}");
+        assert_eq!(
+            after.peak_bytes,
+            start.live_bytes + size,
+            "peak after a {size}-byte block came and went"
+        );
+    }
+}
+
 fn a_limit_below_use_is_refused() {
     let live = heap::stats().live_bytes;
     let err = heap::set_limit(Some(live / 2)).unwrap_err();
@@ -82,10 +161,14 @@ fn a_limit_below_use_is_refused() {
 }
 
 static HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
+/// Calls that saw a zero-size layout or no limit; checked after the threads end, because
+/// the hook runs inside the allocator and must not panic.
+static HOOK_BAD_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 fn count_hook(layout: Layout, stats: &heap::HeapStats) {
-    assert!(layout.size() > 0);
-    assert!(stats.limit.is_some());
+    if layout.size() == 0 || stats.limit.is_none() {
+        HOOK_BAD_CALLS.fetch_add(1, Ordering::Relaxed);
+    }
     HOOK_CALLS.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -149,19 +232,26 @@ fn limit_holds_under_four_threads() {
     let limit = heap::stats().reserved_bytes + HEADROOM;
     heap::set_limit(Some(limit)).unwrap();
     heap::reset_peak();
+    reset_true_peak();
     go.wait();
     done.wait();
+    let true_peak = TRUE_PEAK.load(Ordering::SeqCst);
     let peak = heap::stats().peak_bytes;
     heap::set_limit(None).unwrap();
     for worker in workers {
         worker.join().unwrap();
     }
     drop((ready, go, done));
-    assert!(peak <= limit, "peak {peak} passed the limit {limit}");
+    // The bytes System really held under the limit, counted outside `Tracking`.
     assert!(
-        peak + HEADROOM / 2 > limit,
-        "the threads did press against the limit"
+        true_peak <= limit,
+        "System held {true_peak} bytes at once, above the limit of {limit}"
     );
+    assert!(
+        true_peak + HEADROOM / 2 > limit,
+        "the threads did press against the limit (true peak {true_peak}, limit {limit})"
+    );
+    assert!(peak <= limit, "peak {peak} passed the limit {limit}");
     heap::clear_oom_hook();
     let end = heap::stats();
     assert_eq!(
@@ -173,6 +263,11 @@ fn limit_holds_under_four_threads() {
         "the limit of {limit} was hit"
     );
     assert!(HOOK_CALLS.load(Ordering::Relaxed) > 0, "the OOM hook ran");
+    assert_eq!(
+        HOOK_BAD_CALLS.load(Ordering::Relaxed),
+        0,
+        "the hook saw a zero-size layout or no limit"
+    );
 }
 
 fn run_child(env: &[(&str, &str)], case: &str) -> std::process::Output {
@@ -203,8 +298,51 @@ fn env_garbage_is_reported_not_silently_ignored() {
     );
 }
 
+/// A panic in the OOM hook would unwind out of `GlobalAlloc::alloc` (undefined
+/// behaviour); the allocator aborts the process instead.
+fn a_panicking_oom_hook_aborts_instead_of_unwinding() {
+    use std::os::unix::process::ExitStatusExt;
+    // No backtrace: capturing one allocates megabytes at a heap already at its limit
+    // (and std then deadlocks on its own backtrace lock when that allocation fails).
+    let out = run_child(&[("RUST_BACKTRACE", "0")], "panicking_hook");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(SIGABRT),
+        "status {:?}, stderr: {stderr}",
+        out.status
+    );
+    assert!(
+        stderr.contains("hook panicked on purpose"),
+        "stderr: {stderr}"
+    );
+    assert!(stderr.contains("OOM hook panicked"), "stderr: {stderr}");
+    assert!(
+        !stderr.contains("unwound out of the allocator"),
+        "stderr: {stderr}"
+    );
+}
+
+/// The signal `std::process::abort` raises (6 on Linux, macOS and the BSDs).
+const SIGABRT: i32 = 6;
+
+fn panicking_hook(_: Layout, _: &heap::HeapStats) {
+    panic!("hook panicked on purpose");
+}
+
 fn child(case: &str) {
     match case {
+        "panicking_hook" => {
+            let limit = heap::stats().reserved_bytes + (4 << 20);
+            heap::set_limit(Some(limit)).unwrap();
+            heap::set_oom_hook(panicking_hook);
+            let result = std::panic::catch_unwind(|| {
+                let mut v: Vec<u8> = Vec::new();
+                v.try_reserve_exact(64 << 20).is_err()
+            });
+            // Only reached if the panic unwound out of the allocator.
+            eprintln!("the hook's panic unwound out of the allocator: {result:?}");
+        }
         "expect_limit_64m" => {
             assert_eq!(heap::stats().limit, Some(64 << 20));
             let mut v: Vec<u8> = Vec::new();
@@ -228,7 +366,7 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 7] = [
+    let tests: [(&str, fn()); 9] = [
         (
             "vec_of_known_capacity_counts_exact_bytes",
             vec_of_known_capacity_counts_exact_bytes,
@@ -241,6 +379,10 @@ fn main() {
             "peak_follows_allocations_and_resets",
             peak_follows_allocations_and_resets,
         ),
+        (
+            "peak_is_exact_for_small_blocks_on_one_thread",
+            peak_is_exact_for_small_blocks_on_one_thread,
+        ),
         ("a_limit_below_use_is_refused", a_limit_below_use_is_refused),
         (
             "limit_holds_under_four_threads",
@@ -250,6 +392,10 @@ fn main() {
         (
             "env_garbage_is_reported_not_silently_ignored",
             env_garbage_is_reported_not_silently_ignored,
+        ),
+        (
+            "a_panicking_oom_hook_aborts_instead_of_unwinding",
+            a_panicking_oom_hook_aborts_instead_of_unwinding,
         ),
     ];
     assert!(heap::is_tracking());

@@ -1,14 +1,69 @@
 //! The native pool (SEMANTICS 1): exact limits under concurrency, the cache, relief at a
 //! limit, bad input, and the out-of-memory message.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ndmem_alloc::{physical_bytes, AllocError, Block, ByteSize, Limits, Pool, Usage};
+use ndmem_alloc::{physical_bytes, AllocError, Block, ByteSize, Limits, Pool, PoolStats, Usage};
 
 const MIB: usize = 1 << 20;
+
+/// System's allocator, counting the heap allocations of each thread, so a test can check
+/// that a path allocates nothing on the Rust heap.
+struct CountingPerThread;
+
+std::thread_local! {
+    static HEAP_ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to System unchanged; the count is a const thread-local
+// without destructor, which never allocates.
+unsafe impl GlobalAlloc for CountingPerThread {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = HEAP_ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's layout, forwarded unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's pointer and layout, forwarded unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = HEAP_ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingPerThread = CountingPerThread;
+
+fn heap_allocations_of_this_thread() -> usize {
+    HEAP_ALLOCATIONS.with(|n| n.get())
+}
+
+/// The tests of this binary run one at a time: the physical limit is checked against the
+/// RSS of the whole process, which the other tests would move meanwhile.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The stats, with the RSS (which the rest of the process moves) left out of comparisons.
+fn stats_without_rss(pool: &Pool) -> PoolStats {
+    PoolStats {
+        physical_bytes: 0,
+        ..pool.stats()
+    }
+}
 
 fn pool_with(max_bytes: usize) -> Pool {
     Pool::new(
@@ -21,6 +76,7 @@ fn pool_with(max_bytes: usize) -> Pool {
 
 #[test]
 fn freed_blocks_are_reused_without_the_os() {
+    let _serial = serial();
     let pool = pool_with(64 * MIB);
     let first = pool.allocate(4 * MIB, 64).unwrap();
     let addr = first.ptr();
@@ -43,6 +99,7 @@ fn freed_blocks_are_reused_without_the_os() {
 
 #[test]
 fn blocks_honour_every_alignment_up_to_a_page() {
+    let _serial = serial();
     let pool = pool_with(256 * MIB);
     let mut held = Vec::new();
     for shift in 0..=12 {
@@ -60,6 +117,7 @@ fn blocks_honour_every_alignment_up_to_a_page() {
 
 #[test]
 fn zeroed_blocks_are_zero_even_when_reused() {
+    let _serial = serial();
     let pool = pool_with(64 * MIB);
     for size in [100, 100_000, 2 * MIB] {
         let mut dirty = pool.allocate(size, 16).unwrap();
@@ -72,9 +130,12 @@ fn zeroed_blocks_are_zero_even_when_reused() {
 
 #[test]
 fn bad_requests_are_errors_that_change_nothing() {
+    let _serial = serial();
     let pool = pool_with(64 * MIB);
     let keep = pool.allocate(1000, 16).unwrap();
-    let before = pool.stats();
+    drop(pool.allocate(4 * MIB, 64).unwrap());
+    let before = stats_without_rss(&pool);
+    assert_eq!(before.cached_bytes, 4 * MIB, "a block is cached");
     let cases: [(usize, usize, &str); 6] = [
         (0, 16, "zero-size"),
         (64, 0, "power of two"),
@@ -94,18 +155,22 @@ fn bad_requests_are_errors_that_change_nothing() {
     }
     let err = pool.reserve(0, Usage::Other).unwrap_err();
     assert!(err.to_string().contains("zero"), "{err}");
-    let after = pool.stats();
-    assert_eq!(
-        (after.live_bytes, after.used_bytes),
-        (before.live_bytes, before.used_bytes)
+    // A limit below the live block is refused before the cache is touched.
+    let err = pool.set_max_bytes(Some(512)).unwrap_err();
+    assert!(matches!(err, AllocError::LimitBelowUse { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&keep.capacity().to_string()),
+        "{err}"
     );
-    assert_eq!(after.allocations, before.allocations);
-    assert_eq!(after.os_allocations, before.os_allocations);
+    // Every figure, the cache and the OS calls included, is as it was.
+    assert_eq!(stats_without_rss(&pool), before);
+    assert_eq!(pool.limits().0, Some(64 * MIB));
     assert_eq!(keep.len(), 1000);
 }
 
 #[test]
 fn a_request_too_large_for_the_limit_is_refused_with_a_useful_message() {
+    let _serial = serial();
     let pool = pool_with(8 * MIB);
     let _ws = pool.allocate_for(5 * MIB, 64, Usage::Workspace).unwrap();
     let _t = pool.allocate_for(2 * MIB, 64, Usage::Tensor).unwrap();
@@ -124,14 +189,7 @@ fn a_request_too_large_for_the_limit_is_refused_with_a_useful_message() {
     assert_eq!(requested, 4 * MIB);
     assert_eq!(limit, 8 * MIB);
     assert_eq!(used, before.used_bytes);
-    // SAFETY-free way to learn this thread's OS id: /proc/thread-self.
-    let tid: u64 = std::fs::read_link("/proc/thread-self")
-        .unwrap()
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .parse()
-        .unwrap();
+    let tid = this_thread_os_id();
     assert_eq!(thread, tid);
     let msg = err.to_string();
     for part in [
@@ -158,6 +216,7 @@ fn a_request_too_large_for_the_limit_is_refused_with_a_useful_message() {
 
 #[test]
 fn at_the_limit_the_cache_is_released_and_the_request_retried() {
+    let _serial = serial();
     let pool = pool_with(8 * MIB);
     drop(pool.allocate(5 * MIB, 64).unwrap());
     assert_eq!(pool.stats().cached_bytes, 5 * MIB);
@@ -172,6 +231,7 @@ static RECLAIM_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn registered_reclaimers_run_before_an_allocation_fails() {
+    let _serial = serial();
     let pool: &'static Pool = Box::leak(Box::new(pool_with(8 * MIB)));
     pool.register_reclaimer(|| {
         RECLAIM_CALLS.fetch_add(1, Ordering::SeqCst);
@@ -189,8 +249,51 @@ fn registered_reclaimers_run_before_an_allocation_fails() {
     );
 }
 
+static RECURSIVE_CALLS: AtomicUsize = AtomicUsize::new(0);
+static RECURSIVE_INNER_REFUSED: AtomicUsize = AtomicUsize::new(0);
+
+/// A reclaimer that allocates from its own pool at the limit does not run the reclaimers
+/// again (which would recurse until the stack overflows); its request simply fails.
+#[test]
+fn a_reclaimer_that_allocates_from_the_pool_does_not_recurse() {
+    let _serial = serial();
+    let pool: &'static Pool = Box::leak(Box::new(pool_with(8 * MIB)));
+    pool.register_reclaimer(move || {
+        RECURSIVE_CALLS.fetch_add(1, Ordering::SeqCst);
+        if pool.allocate(4 * MIB, 64).is_err() {
+            RECURSIVE_INNER_REFUSED.fetch_add(1, Ordering::SeqCst);
+        }
+        0
+    });
+    let _held = pool.allocate(6 * MIB, 64).unwrap();
+    let err = pool.allocate(4 * MIB, 64).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory { .. }), "{err:?}");
+    assert_eq!(RECURSIVE_CALLS.load(Ordering::SeqCst), 1);
+    assert_eq!(RECURSIVE_INNER_REFUSED.load(Ordering::SeqCst), 1);
+    // The guard is released: the next failure runs the reclaimer again, once.
+    assert!(pool.allocate(4 * MIB, 64).is_err());
+    assert_eq!(RECURSIVE_CALLS.load(Ordering::SeqCst), 2);
+}
+
+/// The out-of-memory path (reclaimers, cache release, retry, error) allocates nothing on
+/// the Rust heap: it runs when memory is short.
+#[test]
+fn a_refusal_with_reclaimers_allocates_nothing_on_the_heap() {
+    let _serial = serial();
+    let pool = pool_with(8 * MIB);
+    pool.register_reclaimer(|| 0);
+    pool.register_reclaimer(|| 0);
+    let _held = pool.allocate(6 * MIB, 64).unwrap();
+    let before = heap_allocations_of_this_thread();
+    let err = pool.allocate(4 * MIB, 64).unwrap_err();
+    let after = heap_allocations_of_this_thread();
+    assert!(matches!(err, AllocError::OutOfMemory { .. }), "{err:?}");
+    assert_eq!(after - before, 0, "heap allocations on the OOM path");
+}
+
 #[test]
 fn limits_below_use_are_refused_and_change_nothing() {
+    let _serial = serial();
     let pool = pool_with(64 * MIB);
     let _block = pool.allocate(10 * MIB, 64).unwrap();
     drop(pool.allocate(4 * MIB, 64).unwrap());
@@ -208,24 +311,60 @@ fn limits_below_use_are_refused_and_change_nothing() {
 
 #[test]
 fn the_physical_limit_is_checked_when_memory_comes_from_the_os() {
+    let _serial = serial();
+    // The other tests of this binary wait (`serial`), so the RSS moves only by what this
+    // test does; the margins (256 MiB refused, 8 MiB accepted, under RSS + 64 MiB) leave
+    // room for the harness's own threads.
+    let limit = physical_bytes() + 64 * MIB;
     let pool = Pool::new(
         Limits::builder()
             .max_bytes(None)
-            .max_physical_bytes(physical_bytes() + 64 * MIB)
+            .max_physical_bytes(limit)
             .build(),
     );
     let err = pool.allocate(256 * MIB, 4096).unwrap_err();
-    let AllocError::PhysicalLimit { requested, .. } = err else {
+    let AllocError::PhysicalLimit {
+        requested,
+        thread,
+        limit: reported_limit,
+        rss,
+        ..
+    } = err
+    else {
         panic!("{err:?}")
     };
     assert_eq!(requested, 256 * MIB);
-    assert!(err.to_string().contains("physical memory (RSS)"), "{err}");
+    assert_eq!(reported_limit, limit);
+    assert!(rss + 256 * MIB > limit, "rss {rss}");
+    assert_eq!(thread, this_thread_os_id());
+    let msg = err.to_string();
+    for part in [
+        "Can't allocate [HOST] memory: 268435456 bytes".to_string(),
+        format!("threadId: {thread}"),
+        "physical memory (RSS)".to_string(),
+        format!("of {} limit in use", ByteSize(limit)),
+        "raise Limits::max_physical_bytes of this pool".to_string(),
+    ] {
+        assert!(msg.contains(&part), "{msg:?} lacks {part:?}");
+    }
     assert_eq!(pool.stats().used_bytes, 0);
     assert!(pool.allocate(8 * MIB, 64).is_ok());
 }
 
+/// The OS id of the calling thread, from /proc/thread-self.
+fn this_thread_os_id() -> u64 {
+    std::fs::read_link("/proc/thread-self")
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .parse()
+        .unwrap()
+}
+
 #[test]
 fn trim_gives_cached_blocks_back_to_the_os() {
+    let _serial = serial();
     let pool = pool_with(64 * MIB);
     let blocks: Vec<_> = (0..4).map(|_| pool.allocate(MIB, 64).unwrap()).collect();
     drop(blocks);
@@ -239,24 +378,69 @@ fn trim_gives_cached_blocks_back_to_the_os() {
 
 #[test]
 fn reservations_count_outside_memory_against_the_limit() {
+    let _serial = serial();
     let pool = pool_with(8 * MIB);
     let r = pool.reserve(6 * MIB, Usage::Workspace).unwrap();
-    assert_eq!(pool.stats().workspace_bytes, 6 * MIB);
+    let held = pool.stats();
+    assert_eq!(held.workspace_bytes, 6 * MIB);
+    assert_eq!((held.allocations, held.deallocations), (1, 0));
+    assert_eq!(held.total_allocated_bytes, 6 * MIB as u64);
     assert!(pool.allocate(4 * MIB, 64).is_err());
     drop(r);
+    let after = pool.stats();
+    // A reservation counts as one allocation and one deallocation, like a block.
+    assert_eq!((after.allocations, after.deallocations), (1, 1));
+    assert_eq!(after.total_freed_bytes, 6 * MIB as u64);
+    assert_eq!(after.live_bytes, 0);
     assert!(pool.allocate(4 * MIB, 64).is_ok());
+}
+
+/// SEMANTICS 1: total allocated and freed bytes and counts, consistent with live bytes.
+#[test]
+fn totals_count_every_byte_handed_out_and_given_back() {
+    let _serial = serial();
+    let pool = pool_with(64 * MIB);
+    let a = pool.allocate(1000, 16).unwrap(); // class 1024
+    let b = pool.allocate(3 * MIB, 64).unwrap(); // class 3 MiB
+    let r = pool.reserve(5000, Usage::Other).unwrap();
+    let during = pool.stats();
+    let total = (a.capacity() + b.capacity() + 5000) as u64;
+    assert_eq!((a.capacity(), b.capacity()), (1024, 3 * MIB));
+    assert_eq!(during.total_allocated_bytes, total);
+    assert_eq!(during.total_freed_bytes, 0);
+    assert_eq!(during.live_bytes as u64, total);
+    drop((a, b));
+    let reused = pool.allocate(900, 16).unwrap(); // from the cache: counted again
+    let after = pool.stats();
+    assert_eq!(after.total_allocated_bytes, total + 1024);
+    assert_eq!(after.total_freed_bytes, 1024 + 3 * MIB as u64);
+    assert_eq!(
+        after.total_allocated_bytes - after.total_freed_bytes,
+        after.live_bytes as u64
+    );
+    assert_eq!((after.allocations, after.deallocations), (4, 2));
+    drop((reused, r));
+    let end = pool.stats();
+    assert_eq!(end.total_allocated_bytes, end.total_freed_bytes);
+    assert_eq!(end.allocations, end.deallocations);
 }
 
 /// SEMANTICS 1: four threads allocate against a tight pool limit for a bounded time. The
 /// limit is never passed, every success is usable, and everything is given back.
 #[test]
 fn limit_holds_under_four_threads() {
+    let _serial = serial();
     const LIMIT: usize = 24 * MIB;
     let pool = pool_with(LIMIT);
     let failures = AtomicUsize::new(0);
+    // Bytes the test threads hold, counted by the threads themselves (not by the pool):
+    // added once a block is handed out, subtracted before it is given back.
+    let held_by_threads = AtomicUsize::new(0);
+    let most_held = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for t in 0..4u8 {
             let (pool, failures) = (&pool, &failures);
+            let (held_by_threads, most_held) = (&held_by_threads, &most_held);
             s.spawn(move || {
                 let mut held: Vec<Block> = Vec::new();
                 let mut seed = 0x2545_f491_4f6c_dd1du64.wrapping_mul(t as u64 + 1);
@@ -273,8 +457,10 @@ fn limit_holds_under_four_threads() {
                     let size = 1 + (seed as usize % (3 * MIB));
                     match pool.allocate(size, 64) {
                         Ok(mut block) => {
+                            let now = held_by_threads.fetch_add(block.capacity(), Ordering::SeqCst)
+                                + block.capacity();
+                            most_held.fetch_max(now, Ordering::SeqCst);
                             block.as_slice_mut().fill(t + 1);
-                            assert!(pool.stats().used_bytes <= LIMIT);
                             held.push(block);
                         }
                         Err(AllocError::OutOfMemory { limit, .. }) => {
@@ -286,14 +472,28 @@ fn limit_holds_under_four_threads() {
                     if held.len() > 3 {
                         let b = held.swap_remove(seed as usize % held.len());
                         assert!(b.as_slice().iter().all(|x| *x == t + 1), "block intact");
+                        held_by_threads.fetch_sub(b.capacity(), Ordering::SeqCst);
+                        drop(b);
                     }
+                }
+                for b in held {
+                    held_by_threads.fetch_sub(b.capacity(), Ordering::SeqCst);
+                    drop(b);
                 }
             });
         }
     });
     let stats = pool.stats();
-    assert!(stats.peak_used_bytes <= LIMIT, "{stats:?}");
-    assert!(stats.peak_bytes <= LIMIT, "{stats:?}");
+    let most_held = most_held.load(Ordering::SeqCst);
+    assert!(
+        most_held <= LIMIT,
+        "the threads held {most_held} bytes at once, above the limit of {LIMIT}"
+    );
+    assert!(
+        most_held > LIMIT / 2,
+        "the threads pressed against the limit (held at most {most_held})"
+    );
+    assert_eq!(held_by_threads.load(Ordering::SeqCst), 0);
     assert!(failures.load(Ordering::Relaxed) > 0, "the limit was hit");
     assert_eq!(stats.live_bytes, 0);
     assert_eq!(stats.allocations, stats.deallocations);
@@ -301,6 +501,7 @@ fn limit_holds_under_four_threads() {
 
 #[test]
 fn global_pool_names_the_environment_variables() {
+    let _serial = serial();
     let run = |env: (&str, &str), case: &str| {
         Command::new(std::env::current_exe().unwrap())
             .args(["--exact", case, "--ignored", "--nocapture"])
@@ -320,6 +521,32 @@ fn global_pool_names_the_environment_variables() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// `heap::stats()` reports `NDMEM_MAX_HEAP` before the tracking allocator has counted
+/// anything (here it never does: this binary's global allocator is not `Tracking`).
+#[test]
+fn heap_stats_report_the_environment_limit_before_any_allocation() {
+    let _serial = serial();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_heap_limit_from_env", "--ignored"])
+        .env("NDMEM_MAX_HEAP", "64M")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("1 passed"), "the child ran: {stdout}");
+}
+
+#[test]
+#[ignore = "run by heap_stats_report_the_environment_limit_before_any_allocation"]
+fn child_heap_limit_from_env() {
+    assert!(!ndmem_alloc::heap::is_tracking());
+    assert_eq!(ndmem_alloc::heap::stats().limit, Some(64 * MIB));
 }
 
 #[test]

@@ -6,8 +6,17 @@
 //! race; and because the count is signed, a release can never wrap it (the `cap` crate's
 //! unsigned `fetch_sub` can). Changing the limit moves the headroom by the difference in the
 //! same single-word CAS, so a lower limit is refused while more than it is reserved.
+//!
+//! The figures (`used = limit - headroom`) need the limit and the headroom of the same
+//! moment, which are two words. A limit change is therefore a *sequence lock* writer: it
+//! makes `seq` odd, moves the headroom, stores the limit and makes `seq` even again. A
+//! reader takes the pair only if `seq` was even and unchanged around it (every load
+//! acquires, and every headroom update releases, so a reader that sees any part of a change
+//! also sees `seq` moved), and reads again otherwise. Reservations never wait for that
+//! lock: they only need the headroom; a reservation's reported total is re-read only if
+//! a limit change ran during it.
 
-use crate::sync::{spin_loop, AtomicBool, AtomicIsize, AtomicUsize, Ordering};
+use crate::sync::{spin_loop, AtomicIsize, AtomicUsize, Ordering};
 
 /// The limit of a budget without one: large enough never to be reached, small enough that
 /// `headroom` arithmetic cannot overflow an `isize`.
@@ -25,10 +34,12 @@ pub struct Exhausted {
 /// A byte budget with an exact limit and a high-water mark.
 pub struct Budget {
     headroom: AtomicIsize,
-    /// The limit `headroom` is measured from; written only under `limit_lock`.
+    /// The limit `headroom` is measured from; written only while `seq` is odd.
     limit: AtomicUsize,
     peak: AtomicUsize,
-    limit_lock: AtomicBool,
+    /// Odd while a limit change runs (the lock of `set_limit`, and the version readers of
+    /// `limit` and `headroom` check).
+    seq: AtomicUsize,
 }
 
 impl Budget {
@@ -43,7 +54,7 @@ impl Budget {
             headroom: AtomicIsize::new(limit as isize),
             limit: AtomicUsize::new(limit),
             peak: AtomicUsize::new(0),
-            limit_lock: AtomicBool::new(false),
+            seq: AtomicUsize::new(0),
         }
     }
 
@@ -55,7 +66,7 @@ impl Budget {
             headroom: AtomicIsize::new(limit as isize),
             limit: AtomicUsize::new(limit),
             peak: AtomicUsize::new(0),
-            limit_lock: AtomicBool::new(false),
+            seq: AtomicUsize::new(0),
         }
     }
 
@@ -64,33 +75,55 @@ impl Budget {
     #[inline]
     pub fn try_reserve(&self, bytes: usize) -> Result<usize, Exhausted> {
         let want = isize::try_from(bytes).map_err(|_| self.exhausted())?;
-        let mut headroom = self.headroom.load(Ordering::Relaxed);
+        // The limit that goes with the headroom this reservation sees, unless `seq` moves.
+        let seq = self.seq.load(Ordering::Acquire);
+        let limit = self.limit.load(Ordering::Acquire);
+        let mut headroom = self.headroom.load(Ordering::Acquire);
         loop {
             if want > headroom {
-                return Err(Exhausted {
-                    used: self
-                        .limit
-                        .load(Ordering::Relaxed)
-                        .saturating_sub(headroom.max(0) as usize),
-                    limit: self.limit.load(Ordering::Relaxed),
-                });
+                let (used, limit) = self.figures_since(seq, limit, headroom);
+                return Err(Exhausted { used, limit });
             }
             match self.headroom.compare_exchange_weak(
                 headroom,
                 headroom - want,
                 Ordering::AcqRel,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
                 Ok(_) => break,
                 Err(now) => headroom = now,
             }
         }
-        let used = self
-            .limit
-            .load(Ordering::Relaxed)
-            .saturating_sub((headroom - want) as usize);
+        let (used, _) = self.figures_since(seq, limit, headroom - want);
         self.peak.fetch_max(used, Ordering::Relaxed);
         Ok(used)
+    }
+
+    /// `(used, limit)` from `limit` and `headroom` read after `seq`, if no limit change
+    /// began since `seq` was read (then they belong together); else a fresh snapshot, taken
+    /// after the caller's headroom update and so including it.
+    #[inline]
+    fn figures_since(&self, seq: usize, limit: usize, headroom: isize) -> (usize, usize) {
+        if seq % 2 == 0 && self.seq.load(Ordering::Acquire) == seq {
+            (limit.saturating_sub(headroom.max(0) as usize), limit)
+        } else {
+            self.snapshot()
+        }
+    }
+
+    /// `(used, limit)` of one moment: read between two equal, even values of `seq`.
+    fn snapshot(&self) -> (usize, usize) {
+        loop {
+            let seq = self.seq.load(Ordering::Acquire);
+            if seq % 2 == 0 {
+                let limit = self.limit.load(Ordering::Acquire);
+                let headroom = self.headroom.load(Ordering::Acquire);
+                if self.seq.load(Ordering::Acquire) == seq {
+                    return (limit.saturating_sub(headroom.max(0) as usize), limit);
+                }
+            }
+            spin_loop();
+        }
     }
 
     /// Returns `bytes` reserved earlier.
@@ -99,12 +132,10 @@ impl Budget {
         self.headroom.fetch_add(bytes as isize, Ordering::Release);
     }
 
-    /// Bytes reserved now.
+    /// Bytes reserved now (a total that was reserved at one moment, even while the limit
+    /// changes).
     pub fn used(&self) -> usize {
-        let headroom = self.headroom.load(Ordering::Acquire);
-        self.limit
-            .load(Ordering::Relaxed)
-            .saturating_sub(headroom.max(0) as usize)
+        self.snapshot().0
     }
 
     /// Bytes that can still be reserved.
@@ -131,13 +162,19 @@ impl Budget {
     /// Changes the limit. Fails, changing nothing, when more than the new limit is reserved.
     pub fn set_limit(&self, limit: Option<usize>) -> Result<(), Exhausted> {
         let new = limit.filter(|l| *l < UNLIMITED).unwrap_or(UNLIMITED);
-        while self
-            .limit_lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        // Take the lock: make `seq` odd (from an even value, so one writer at a time).
+        let seq = loop {
+            let seq = self.seq.load(Ordering::Relaxed);
+            if seq % 2 == 0
+                && self
+                    .seq
+                    .compare_exchange_weak(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                break seq;
+            }
             spin_loop();
-        }
+        };
         let old = self.limit.load(Ordering::Relaxed);
         let delta = new as isize - old as isize;
         let mut headroom = self.headroom.load(Ordering::Relaxed);
@@ -155,21 +192,19 @@ impl Budget {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    self.limit.store(new, Ordering::Relaxed);
+                    self.limit.store(new, Ordering::Release);
                     break Ok(());
                 }
                 Err(now) => headroom = now,
             }
         };
-        self.limit_lock.store(false, Ordering::Release);
+        self.seq.store(seq + 2, Ordering::Release);
         result
     }
 
     fn exhausted(&self) -> Exhausted {
-        Exhausted {
-            used: self.used(),
-            limit: self.limit.load(Ordering::Relaxed),
-        }
+        let (used, limit) = self.snapshot();
+        Exhausted { used, limit }
     }
 }
 

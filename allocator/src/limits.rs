@@ -69,7 +69,12 @@ pub(crate) fn parse_size_bytes(text: &[u8]) -> Result<usize, SizeError> {
             return Err("a percentage of RAM cannot exceed 100%");
         }
         let ram = physical_ram() as u128;
-        return usize::try_from(ram * scaled / (100 * denominator)).map_err(|_| "it overflows");
+        let bytes = ram * scaled / (100 * denominator);
+        if bytes == 0 && scaled > 0 {
+            // Not "0" (no limit): the user asked for a limit, just a tiny one.
+            return Err("the percentage is less than one byte of RAM (0 means no limit)");
+        }
+        return usize::try_from(bytes).map_err(|_| "it overflows");
     }
 
     let shift = unit_shift(suffix)?;
@@ -77,6 +82,9 @@ pub(crate) fn parse_size_bytes(text: &[u8]) -> Result<usize, SizeError> {
     let bytes = scaled.checked_mul(1u128 << shift).ok_or("it overflows")? / denominator;
     if fraction.is_some() && shift == 0 && scaled % denominator != 0 {
         return Err("a byte count must be a whole number");
+    }
+    if bytes == 0 && scaled > 0 {
+        return Err("it is less than one byte (0 means no limit)");
     }
     usize::try_from(bytes)
         .ok()
@@ -182,13 +190,7 @@ impl Limits {
     /// Reads `NDMEM_MAX_HEAP`, `NDMEM_MAX_BYTES`, `NDMEM_MAX_PHYSICAL_BYTES` and
     /// `NDMEM_MAX_DEVICE_BYTES`, filling the rest with the defaults of SEMANTICS 1.
     pub fn from_env() -> Result<Limits, ConfigError> {
-        Self::from_lookup(|name| match std::env::var(name) {
-            Ok(value) => Ok(Some(value)),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
-                variable: name.into(),
-            }),
-        })
+        Self::from_lookup(env_value)
     }
 
     /// [`Limits::from_env`] over any source of variables (tests, configuration files).
@@ -255,6 +257,20 @@ impl Limits {
         let ram = physical_ram();
         let cap = ram / 10 * 9;
         max_bytes.map_or(cap, |m| m.saturating_add(ram / 4).min(cap))
+    }
+}
+
+/// The value of the environment variable `name`, `None` when unset. A value that is not
+/// Unicode is an error naming the variable and showing the value (invalid bytes as U+FFFD).
+fn env_value(name: &str) -> Result<Option<String>, ConfigError> {
+    match std::env::var(name) {
+        Ok(value) => Ok(Some(value)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(value)) => Err(ConfigError::InvalidSize {
+            variable: name.into(),
+            value: value.to_string_lossy().into_owned(),
+            reason: "it is not valid UTF-8 (invalid bytes shown as U+FFFD)",
+        }),
     }
 }
 
@@ -390,6 +406,41 @@ mod tests {
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
         assert!(parse_size("16777216T").is_err(), "2^64 overflows");
+    }
+
+    #[test]
+    fn a_nonzero_size_that_rounds_to_zero_bytes_is_an_error_not_unlimited() {
+        // 0 means "no limit"; a tiny non-zero request must not silently become that.
+        for tiny in [
+            "0.000000000001%",
+            "0.000000000000000001%",
+            "0.0001K",
+            "0.0000000001G",
+        ] {
+            let err = parse_size(tiny).expect_err(tiny);
+            let msg = err.to_string();
+            assert!(msg.contains(&format!("{tiny:?}")), "{msg}");
+            assert!(msg.contains("0 means no limit"), "{msg}");
+        }
+        assert_eq!(parse_size("0%").unwrap(), 0);
+        assert_eq!(parse_size("0.0K").unwrap(), 0);
+        assert_eq!(parse_size("0.001K").unwrap(), 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_value_that_is_not_unicode_is_named_with_its_text() {
+        use std::os::unix::ffi::OsStrExt;
+        // A variable unique to this test, so no other test reads it.
+        let name = "NDMEM_TEST_NOT_UNICODE_VALUE";
+        assert_eq!(env_value(name), Ok(None));
+        std::env::set_var(name, std::ffi::OsStr::from_bytes(b"64\xffM"));
+        let result = env_value(name);
+        std::env::remove_var(name);
+        let msg = result.unwrap_err().to_string();
+        assert!(msg.contains(name), "{msg}");
+        assert!(msg.contains("\"64\u{fffd}M\""), "{msg}");
+        assert!(msg.contains("not valid UTF-8"), "{msg}");
     }
 
     #[test]

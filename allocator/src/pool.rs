@@ -120,9 +120,14 @@ pub struct PoolStats {
     pub mirror_bytes: usize,
     /// Live bytes for other uses.
     pub other_bytes: usize,
-    /// Blocks handed out.
+    /// Bytes ever handed out (block capacities and [`Reservation`]s).
+    pub total_allocated_bytes: u64,
+    /// Bytes ever given back; `total_allocated_bytes - total_freed_bytes` is `live_bytes`
+    /// whenever no allocation or free is in flight.
+    pub total_freed_bytes: u64,
+    /// Blocks (and [`Reservation`]s) handed out.
     pub allocations: u64,
-    /// Blocks given back.
+    /// Blocks (and [`Reservation`]s) given back.
     pub deallocations: u64,
     /// Blocks handed out from the cache.
     pub cache_hits: u64,
@@ -145,6 +150,8 @@ pub struct Pool {
     peak_live: AtomicUsize,
     cached: AtomicUsize,
     by_usage: [AtomicUsize; 4],
+    allocated_bytes: AtomicU64,
+    freed_bytes: AtomicU64,
     allocations: AtomicU64,
     deallocations: AtomicU64,
     cache_hits: AtomicU64,
@@ -153,7 +160,9 @@ pub struct Pool {
     failed: AtomicU64,
     rss_hint: AtomicUsize,
     os_since_rss: AtomicUsize,
-    reclaimers: Mutex<Vec<Reclaimer>>,
+    /// Replaced (not grown) at each registration, so the out-of-memory path clones an
+    /// `Arc` instead of allocating a copy of the list.
+    reclaimers: Mutex<Arc<[Reclaimer]>>,
     config_error: Option<ConfigError>,
     bytes_variable: &'static str,
     physical_variable: &'static str,
@@ -211,6 +220,8 @@ impl Pool {
             peak_live: AtomicUsize::new(0),
             cached: AtomicUsize::new(0),
             by_usage: Default::default(),
+            allocated_bytes: AtomicU64::new(0),
+            freed_bytes: AtomicU64::new(0),
             allocations: AtomicU64::new(0),
             deallocations: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
@@ -219,7 +230,7 @@ impl Pool {
             failed: AtomicU64::new(0),
             rss_hint: AtomicUsize::new(physical_bytes()),
             os_since_rss: AtomicUsize::new(0),
-            reclaimers: Mutex::new(Vec::new()),
+            reclaimers: Mutex::new(Arc::new([])),
             config_error: None,
             bytes_variable: "Limits::max_bytes of this pool",
             physical_variable: "Limits::max_physical_bytes of this pool",
@@ -258,7 +269,8 @@ impl Pool {
     }
 
     /// Counts `bytes` of memory obtained elsewhere (a memory-mapped file) against this
-    /// pool's limits, as if they were a block, until the reservation drops.
+    /// pool's limits, as if they were a block, until the reservation drops: it counts as
+    /// one allocation of `bytes` now and one deallocation when it drops.
     pub fn reserve(&self, bytes: usize, usage: Usage) -> Result<Reservation<'_>, AllocError> {
         if bytes == 0 {
             return Err(invalid(0, 1, "a reservation of zero bytes counts nothing"));
@@ -298,7 +310,6 @@ impl Pool {
             unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, capacity) };
         }
         self.mark_live(capacity, usage);
-        self.allocations.fetch_add(1, Ordering::Relaxed);
         Ok(Block {
             ptr,
             len: size,
@@ -377,35 +388,62 @@ impl Pool {
         }
     }
 
+    /// Runs the registered reclaimers, without allocating: the list is an `Arc<[_]>`
+    /// cloned under the lock. A reclaimer that allocates from this pool and reaches the
+    /// limit again does not run the reclaimers once more (its request fails or is served
+    /// from the cache); the guard is per thread and per pool.
     fn run_reclaimers(&self) {
-        let reclaimers: Vec<Reclaimer> = match self.reclaimers.lock() {
-            Ok(list) => list.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+        let me = self as *const Pool as usize;
+        let outer = RECLAIMING.with(|r| r.get());
+        if outer == me {
+            return;
+        }
+        let reclaimers: Arc<[Reclaimer]> = match self.reclaimers.lock() {
+            Ok(list) => Arc::clone(&list),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
         };
-        for reclaim in reclaimers {
+        if reclaimers.is_empty() {
+            return;
+        }
+        RECLAIMING.with(|r| r.set(me));
+        // Restores the outer pool's mark even if a reclaimer panics.
+        let _restore = RestoreReclaiming(outer);
+        for reclaim in reclaimers.iter() {
             reclaim();
         }
     }
 
     /// Registers a callback run when an allocation reaches a limit, before the cache is
     /// released and the allocation retried once. It returns the bytes it freed.
+    ///
+    /// A reclaimer may allocate from the pool; if that allocation reaches a limit too, the
+    /// reclaimers are not run again for it (no recursion).
     pub fn register_reclaimer(&self, reclaim: impl Fn() -> usize + Send + Sync + 'static) {
         let mut list = match self.reclaimers.lock() {
             Ok(list) => list,
             Err(poisoned) => poisoned.into_inner(),
         };
-        list.push(Arc::new(reclaim));
+        let grown: Arc<[Reclaimer]> = list
+            .iter()
+            .cloned()
+            .chain(std::iter::once(Arc::new(reclaim) as Reclaimer))
+            .collect();
+        *list = grown;
     }
 
     fn mark_live(&self, bytes: usize, usage: Usage) {
         let live = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak_live.fetch_max(live, Ordering::Relaxed);
         self.by_usage[usage.index()].fetch_add(bytes, Ordering::Relaxed);
+        self.allocated_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        self.allocations.fetch_add(1, Ordering::Relaxed);
     }
 
     fn mark_freed(&self, bytes: usize, usage: Usage) {
         self.live.fetch_sub(bytes, Ordering::Relaxed);
         self.by_usage[usage.index()].fetch_sub(bytes, Ordering::Relaxed);
+        self.freed_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         self.deallocations.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -441,23 +479,38 @@ impl Pool {
         released
     }
 
-    /// Changes the off-heap limit (`None`: unlimited). The cache is released first if
-    /// needed; a limit below the live bytes is refused and nothing changes.
+    /// Changes the off-heap limit; `None` or `Some(0)` means unlimited (as `0` does in
+    /// `NDMEM_MAX_BYTES`, and as in [`crate::heap::set_limit`]).
+    ///
+    /// A limit below the bytes held outside the cache (live blocks and reservations) is
+    /// refused before anything is touched, so a refused limit changes nothing: not the
+    /// limit, not the cache. A limit that fits once the cache is released releases the
+    /// cache first. (If other threads allocate meanwhile, the limit can still be refused
+    /// after the cache was released; it is never applied below what is reserved.)
     pub fn set_max_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
-        if limit.is_some_and(|l| l < self.budget.used()) {
-            self.trim();
+        let limit = limit.filter(|l| *l > 0);
+        let below_use = |limit: usize, used: usize| AllocError::LimitBelowUse {
+            what: "the pool's max_bytes",
+            limit,
+            used,
+        };
+        if let Some(l) = limit {
+            let used = self.budget.used();
+            let held = used.saturating_sub(self.cached.load(Ordering::Relaxed));
+            if l < held {
+                return Err(below_use(l, held));
+            }
+            if l < used {
+                self.trim();
+            }
         }
         self.budget
-            .set_limit(limit.filter(|l| *l > 0))
-            .map_err(|e| AllocError::LimitBelowUse {
-                what: "the pool's max_bytes",
-                limit: e.limit,
-                used: e.used,
-            })?;
-        Ok(())
+            .set_limit(limit)
+            .map_err(|e| below_use(e.limit, e.used))
     }
 
-    /// Changes the physical limit (`None`: unlimited); refused below the current RSS.
+    /// Changes the physical limit; `None` or `Some(0)` means unlimited. Refused below the
+    /// current RSS.
     pub fn set_max_physical_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
         let limit = limit.filter(|l| *l > 0);
         let rss = physical_bytes();
@@ -501,6 +554,8 @@ impl Pool {
             workspace_bytes: usage(Usage::Workspace),
             mirror_bytes: usage(Usage::Mirror),
             other_bytes: usage(Usage::Other),
+            total_allocated_bytes: self.allocated_bytes.load(Ordering::Relaxed),
+            total_freed_bytes: self.freed_bytes.load(Ordering::Relaxed),
             allocations: self.allocations.load(Ordering::Relaxed),
             deallocations: self.deallocations.load(Ordering::Relaxed),
             cache_hits: self.cache_hits.load(Ordering::Relaxed),
@@ -665,9 +720,32 @@ fn invalid(size: usize, align: usize, reason: &'static str) -> AllocError {
 }
 
 /// The OS id of the calling thread (what `top -H` and debuggers show).
+#[cfg(target_os = "linux")]
 fn thread_id() -> u64 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::syscall(libc::SYS_gettid) as u64 }
+}
+
+/// An id of the calling thread: elsewhere than Linux, the `pthread_t` value (what
+/// debuggers print there), obtained without allocating.
+#[cfg(not(target_os = "linux"))]
+fn thread_id() -> u64 {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as usize as u64 }
+}
+
+std::thread_local! {
+    /// The pool (by address) whose reclaimers this thread is running; 0 when none.
+    static RECLAIMING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Puts back the outer `RECLAIMING` mark when reclaimers finish (or panic).
+struct RestoreReclaiming(usize);
+
+impl Drop for RestoreReclaiming {
+    fn drop(&mut self) {
+        RECLAIMING.with(|r| r.set(self.0));
+    }
 }
 
 /// A block of pool memory; dropping it gives it back to the pool.

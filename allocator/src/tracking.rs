@@ -5,19 +5,10 @@
 //! [`Budget`], whose single-word compare-and-swap never lets reservations pass the limit. To
 //! keep that CAS off the hot path each thread reserves budget in batches and spends it
 //! locally (a plain thread-local subtraction). Statistics are tallied per thread the same
-//! way and flushed to the shared counters in batches.
+//! way and published to the shared counters in batches.
 //!
-//! Bounds, per thread (documented because they are the price of speed):
-//! - *stranded budget*: a thread keeps at most `2 x keep` unspent bytes, where `keep` is
-//!   chosen at each refill as `min(1 MiB, remaining / (4 x threads))`; as the remaining budget
-//!   falls, batches shrink to exact reservations and frees return budget at once. A thread's
-//!   budget is returned when it exits (a pthread key destructor). An allocation can fail
-//!   while other threads strand budget, never succeed past the limit.
-//! - *statistics lag*: a thread publishes its live bytes once its unflushed net bytes reach
-//!   256 KiB, and all its figures after 4096 operations, so another thread's live and peak
-//!   figures can lag by 256 KiB per thread, its counts (allocations, bytes allocated and
-//!   freed) by 4096 operations per thread; [`stats`] flushes the calling thread first, so a
-//!   single thread sees exact figures.
+//! The bounds this costs (stranded budget, statistics lag, peak precision) are documented
+//! on [`heap`], where users read them.
 //!
 //! Nothing here allocates: the environment is read with `libc::getenv`, thread state is a
 //! `const` thread-local without destructor, and warnings go to `write(2)`.
@@ -32,8 +23,14 @@ use crate::limits::{parse_size_bytes, ENV_MAX_HEAP};
 
 /// Largest batch a thread reserves at once.
 const MAX_BATCH: usize = 1 << 20;
-/// Unflushed net bytes after which a thread publishes its tally.
-const FLUSH_NET: isize = 256 << 10;
+/// Unpublished net bytes at which a thread publishes its live bytes at once.
+const FLUSH_NET: usize = 4 << 20;
+/// Unpublished net bytes at which a thread publishes its live bytes once
+/// [`FLUSH_NET_OPS`] operations have passed since it last did.
+const FLUSH_NET_SOON: usize = 256 << 10;
+/// See [`FLUSH_NET_SOON`]: a thread that allocates and frees large blocks in a loop
+/// publishes once per this many operations instead of at every one.
+const FLUSH_NET_OPS: u32 = 64;
 /// Operations after which a thread publishes its tally.
 const FLUSH_OPS: u32 = 4096;
 
@@ -176,10 +173,25 @@ fn refuse(layout: Layout) -> *mut u8 {
         // SAFETY: OOM_HOOK only ever holds 0 or an address stored by `set_oom_hook` from a
         // `fn(Layout, &HeapStats)`, which lives for the whole program.
         let hook: fn(Layout, &HeapStats) = unsafe { std::mem::transmute(hook) };
+        // Unwinding out of `GlobalAlloc::alloc` is undefined behaviour: a panicking hook
+        // aborts the process instead. The guard costs nothing when the hook returns.
+        let guard = AbortOnUnwind;
         hook(layout, &heap::stats());
+        std::mem::forget(guard);
         TALLY.with(|t| t.in_hook.set(false));
     }
     std::ptr::null_mut()
+}
+
+/// Aborts the process if dropped, which only happens while a panic unwinds through the
+/// frame that owns it (the normal path forgets it).
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        warn(&[b"ndmem: the heap OOM hook panicked inside the global allocator; aborting\n"]);
+        std::process::abort();
+    }
 }
 
 const NEW: u8 = 0;
@@ -196,7 +208,13 @@ const EXITED: u8 = 2;
 struct Tally {
     budget: Cell<usize>,
     keep: Cell<usize>,
+    /// Bytes allocated minus bytes freed since the live figure was last published.
     net: Cell<isize>,
+    /// The highest `net` since then: the thread's own high-water mark, published to the
+    /// peak with the live bytes, so that no excursion between publications is lost.
+    high: Cell<isize>,
+    /// `ops` when the live figure was last published.
+    live_ops: Cell<u32>,
     allocated: Cell<u64>,
     freed: Cell<u64>,
     allocations: Cell<u32>,
@@ -213,6 +231,8 @@ thread_local! {
             budget: Cell::new(0),
             keep: Cell::new(0),
             net: Cell::new(0),
+            high: Cell::new(0),
+            live_ops: Cell::new(0),
             allocated: Cell::new(0),
             freed: Cell::new(0),
             allocations: Cell::new(0),
@@ -335,9 +355,12 @@ impl Tally {
     fn count(&self, delta: isize) {
         let net = self.net.get() + delta;
         self.net.set(net);
+        if net > self.high.get() {
+            self.high.set(net);
+        }
         let ops = self.ops.get() + 1;
         self.ops.set(ops);
-        if net.abs() >= FLUSH_NET || ops >= FLUSH_OPS {
+        if net.unsigned_abs() >= FLUSH_NET_SOON || ops >= FLUSH_OPS {
             self.publish();
         }
     }
@@ -348,28 +371,46 @@ impl Tally {
             // A thread that frees before it ever needs budget must still be flushed at exit.
             self.register();
         }
-        if self.ops.get() >= FLUSH_OPS || self.state.get() != REGISTERED {
+        let ops = self.ops.get();
+        if ops >= FLUSH_OPS || self.state.get() != REGISTERED {
             self.flush();
-        } else {
+        } else if self.net.get().unsigned_abs() >= FLUSH_NET
+            || ops.wrapping_sub(self.live_ops.get()) >= FLUSH_NET_OPS
+        {
             // Only the net bytes passed their bound: publish the live figure alone (one
-            // shared read-modify-write instead of seven), so that a thread allocating and
-            // freeing large blocks does not contend on every counter at every operation.
+            // shared read-modify-write instead of seven). Between FLUSH_NET_SOON and
+            // FLUSH_NET it waits FLUSH_NET_OPS operations, so that a thread allocating and
+            // freeing 1 MiB blocks in a loop does not write the shared line at every one.
             self.flush_live();
         }
     }
 
-    /// Publishes this thread's net bytes to the live and peak figures.
+    /// Publishes this thread's net bytes to the live figure, and its high-water mark since
+    /// the last publication to the peak.
     #[inline]
     fn flush_live(&self) {
         let net = self.net.replace(0);
-        if net == 0 {
+        let high = self.high.replace(0);
+        self.live_ops.set(self.ops.get());
+        if high == 0 {
+            // The net bytes never rose above the published figure: no new peak.
+            if net != 0 {
+                LIVE.fetch_add(net, Ordering::Relaxed);
+            }
             return;
         }
-        let live = LIVE.fetch_add(net, Ordering::Relaxed) + net;
+        let before = if net == 0 {
+            LIVE.load(Ordering::Relaxed)
+        } else {
+            LIVE.fetch_add(net, Ordering::Relaxed)
+        };
+        // The live figure when this thread's net bytes were highest, the other threads'
+        // published figures taken as they are now (exact when no other thread publishes).
         // Read first: a new peak is rare, and a read keeps the line shared between cores
         // where `fetch_max` would write it every time.
-        if net > 0 && live > PEAK.load(Ordering::Relaxed) as isize {
-            PEAK.fetch_max(live as usize, Ordering::Relaxed);
+        let top = before + high;
+        if top > PEAK.load(Ordering::Relaxed) as isize {
+            PEAK.fetch_max(top as usize, Ordering::Relaxed);
         }
     }
 
@@ -384,6 +425,7 @@ impl Tally {
         // Unregistered and exited threads publish at every operation.
         let registered = self.state.get() == REGISTERED;
         self.ops.set(if registered { 0 } else { FLUSH_OPS });
+        self.live_ops.set(self.ops.get());
     }
 
     /// Returns all unspent budget to the heap (after publishing the tally it covers).
@@ -521,14 +563,43 @@ fn warn(parts: &[&[u8]]) {
 }
 
 /// Process-wide heap statistics and limit of the tracking allocator.
+///
+/// # Bounds
+///
+/// Per thread, the price of speed:
+/// - *stranded budget*: a thread keeps at most `2 x keep` unspent bytes, where `keep` is
+///   chosen at each refill as `min(1 MiB, remaining / (4 x threads))`; as the remaining budget
+///   falls, batches shrink to exact reservations and frees return budget at once. A thread's
+///   budget is returned when it exits (a pthread key destructor). An allocation can fail
+///   while other threads strand budget, never succeed past the limit.
+/// - *statistics lag*: a thread publishes its live bytes at once when its unpublished net
+///   bytes reach 4 MiB, within 64 of its own operations once they reach 256 KiB, and all
+///   its figures after 4096 operations and whenever it returns budget. So the live figure
+///   can lag by less than 4 MiB per other thread (less than 256 KiB per thread that has
+///   done 64 operations since its net bytes passed that), and the counts (allocations,
+///   bytes allocated and freed) by 4096 operations per other thread. Each thread also
+///   keeps the high-water mark of its unpublished net bytes and publishes it to the peak
+///   with its live bytes, so no excursion between publications is lost: the peak is the
+///   highest live figure, each thread's own excursions added to the others' figures as
+///   published at that moment (so it can miss by the same lag as the live figure when
+///   several threads peak together, never by a single thread's own excursion).
+///   [`stats`](crate::heap::stats) publishes the calling thread first, so a single thread
+///   sees exact figures, peak included.
+/// - *moving reallocations*: a `realloc` reserves only its growth. When the inner allocator
+///   moves the block, it holds the old and the new block while it copies, so for that
+///   moment its own footprint can pass the limit by up to the old size; the bytes counted,
+///   and the bytes the program can reach, never pass it.
 pub mod heap {
     pub use super::HeapStats;
     use super::*;
 
-    /// The heap statistics, after publishing the calling thread's tally.
+    /// The heap statistics, after publishing the calling thread's tally: exact for a single
+    /// thread, within the bounds documented on this module for the others.
     ///
     /// All zero unless a [`Tracking`] allocator is installed as `#[global_allocator]`.
+    /// The limit of `NDMEM_MAX_HEAP` is reported even before the first allocation.
     pub fn stats() -> HeapStats {
+        read_env_once();
         TALLY.with(|t| t.flush());
         HeapStats {
             live_bytes: LIVE.load(Ordering::Relaxed).max(0) as usize,
@@ -559,11 +630,13 @@ pub mod heap {
     }
 
     /// Sets (`Some`) or removes (`None`) the heap limit at run time; `NDMEM_MAX_HEAP` sets
-    /// it at start-up. A limit below the bytes already reserved is refused.
+    /// it at start-up. `Some(0)` means no limit, as `0` does in the variable and in
+    /// [`crate::Pool::set_max_bytes`]. A limit below the bytes already reserved is refused
+    /// and changes nothing.
     pub fn set_limit(limit: Option<usize>) -> Result<(), AllocError> {
         read_env_once();
         TALLY.with(|t| t.return_budget());
-        HEAP.set_limit(limit)
+        HEAP.set_limit(limit.filter(|l| *l > 0))
             .map_err(|e| AllocError::LimitBelowUse {
                 what: "the heap limit",
                 limit: e.limit,
@@ -574,6 +647,11 @@ pub mod heap {
     /// Calls `hook` with the failed layout and the statistics just before the allocator
     /// returns null (after which Rust's allocation-error handler usually aborts). The hook
     /// may allocate; a failure inside it does not call it again.
+    ///
+    /// **The hook must not panic**: it runs inside `GlobalAlloc::alloc`/`realloc`, which
+    /// must not unwind, so a panic in the hook aborts the process (after the panic message
+    /// and a line on stderr). Record what you need (in atomics, say) and act after the
+    /// failed allocation returns.
     pub fn set_oom_hook(hook: fn(Layout, &HeapStats)) {
         OOM_HOOK.store(hook as usize, Ordering::Release);
     }

@@ -10,8 +10,8 @@
 //!   the limit and headroom consistent;
 //! - `release` racing reservations and refusals never wraps the counter: `used` and
 //!   `available` stay within `[0, limit]` and everything reserved comes back to zero;
-//! - the figures read while `set_limit` runs (`used`, `peak`, a reservation's result)
-//!   are totals that really were reserved.
+//! - the figures read while `set_limit` runs (`used`, `peak`, a reservation's result, a
+//!   refusal's) are totals that really were reserved.
 #![cfg(ndmem_loom)]
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
@@ -115,9 +115,9 @@ fn a_lower_limit_racing_a_reservation_never_leaves_use_above_it() {
                 assert_eq!(budget.used(), 6);
                 assert_eq!(budget.available(), 4);
             }
-            (Err(_), Ok(())) => {
-                // (The refusal's `used` figure can be wrong here: see the ignored model
-                // `figures_read_during_a_limit_change_are_real_totals`.)
+            (Err(e), Ok(())) => {
+                // Refused under the new limit, with nothing reserved.
+                assert_eq!(*e, Exhausted { used: 0, limit: 4 });
                 assert_eq!(budget.limit(), Some(4));
                 assert_eq!(budget.used(), 0);
                 assert_eq!(budget.available(), 4);
@@ -243,15 +243,12 @@ fn an_unlimited_budget_counts_exactly_under_races() {
 /// every figure read meanwhile must be a total that existed (at most 4), and a refusal
 /// while the limit drops from 10 to 4 with nothing reserved must report `used: 0`.
 ///
-/// FAILS on the current `counter.rs`, so it is ignored until the fix lands (run it with
-/// `--ignored`). `set_limit` moves `headroom` by CAS and stores `limit` afterwards, and
-/// every figure is computed as `limit - headroom` from two separate loads. A reservation
-/// (or `used()`, or a refusal) that sees the new headroom with the old limit reports
-/// `old_limit - new_headroom`: here `try_reserve(4)` returns `Ok(54)` and `peak()` stays
-/// 54, above the new limit of 50, though 4 bytes were reserved. The limit itself is never
-/// passed (the models above hold); only the reported figures are wrong.
+/// `set_limit` moves `headroom` by CAS and stores `limit` afterwards, and every figure is
+/// `limit - headroom`. Without the sequence lock around that pair, a reservation (or
+/// `used()`, or a refusal) that sees the new headroom with the old limit reports
+/// `old_limit - new_headroom`: `try_reserve(4)` returned `Ok(54)` and `peak()` stayed 54,
+/// above the new limit of 50, though 4 bytes were reserved.
 #[test]
-#[ignore = "finds the set_limit race in counter.rs figures (see the doc comment)"]
 fn figures_read_during_a_limit_change_are_real_totals() {
     model(|| {
         let budget = Arc::new(Budget::new(Some(100)));
@@ -273,11 +270,24 @@ fn figures_read_during_a_limit_change_are_real_totals() {
         let budget = Arc::new(Budget::new(Some(10)));
         let changer = {
             let budget = budget.clone();
-            thread::spawn(move || budget.set_limit(Some(4)).unwrap())
+            // Refused if the 6 bytes got in first.
+            thread::spawn(move || budget.set_limit(Some(4)))
         };
-        if let Err(e) = budget.try_reserve(6) {
-            assert_eq!(e.used, 0, "refusal reported {e:?} with nothing reserved");
+        let reserved = budget.try_reserve(6);
+        let lowered = changer.join().unwrap();
+        match (reserved, lowered) {
+            (Ok(used), Err(e)) => {
+                assert_eq!(used, 6);
+                assert_eq!(e, Exhausted { used: 6, limit: 4 });
+            }
+            (Err(e), Ok(())) => {
+                assert_eq!(
+                    e,
+                    Exhausted { used: 0, limit: 4 },
+                    "refusal with nothing reserved"
+                );
+            }
+            other => panic!("{other:?}"),
         }
-        changer.join().unwrap();
     });
 }
