@@ -30,6 +30,8 @@
 pub mod counter;
 mod error;
 mod limits;
+#[cfg(not(ndmem_loom))]
+mod oom;
 mod physical;
 mod pool;
 mod slots;

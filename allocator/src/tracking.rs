@@ -592,6 +592,7 @@ fn warn(parts: &[&[u8]]) {
 pub mod heap {
     pub use super::HeapStats;
     use super::*;
+    pub use crate::oom::exit_on_oom;
 
     /// The heap statistics, after publishing the calling thread's tally: exact for a single
     /// thread, within the bounds documented on this module for the others.

@@ -19,10 +19,9 @@ mod modes;
 mod report;
 mod train;
 
-use std::alloc::Layout;
 use std::process::ExitCode;
 
-use ndmem::alloc::{heap, ByteSize, HeapStats, Tracking};
+use ndmem::alloc::{heap, Tracking};
 
 use cli::{Command, Stop};
 
@@ -58,7 +57,7 @@ impl Failure {
     }
 }
 
-/// Installs [`heap_exhausted`] as the tracking allocator's OOM hook from the executable's
+/// Installs [`heap::exit_on_oom`] as the tracking allocator's OOM hook from the executable's
 /// initialisers, before the Rust runtime's own first allocation (which comes before
 /// `main`, and which a limit of a few bytes refuses). `main` installs it again on
 /// platforms without `.init_array`.
@@ -67,9 +66,10 @@ impl Failure {
 #[link_section = ".init_array"]
 static INSTALL_OOM_HOOK: extern "C" fn() = install_oom_hook;
 
-/// Sets [`heap_exhausted`] as the OOM hook (stores one pointer; allocates nothing).
+/// Sets [`heap::exit_on_oom`] as the OOM hook (stores one pointer; allocates nothing):
+/// a refused heap allocation ends the command with one line and exit status 1.
 extern "C" fn install_oom_hook() {
-    heap::set_oom_hook(heap_exhausted);
+    heap::set_oom_hook(heap::exit_on_oom);
 }
 
 /// Parses the command line, checks the limits in the environment, runs the subcommand,
@@ -131,100 +131,4 @@ fn render_report(args: &cli::ReportArgs) -> Result<(), Failure> {
     chart::write(&report, &args.output).map_err(Failure::runtime)?;
     println!("wrote {}", args.output.display());
     Ok(())
-}
-
-/// Called by the tracking allocator when it is about to refuse an allocation: writes one
-/// line on stderr and ends the process with status 1, instead of the abort that would
-/// follow. It allocates nothing (the heap is what just ran out): the line is formatted
-/// into a stack buffer and written with write(2); `_exit` skips unwinding and destructors.
-fn heap_exhausted(layout: Layout, stats: &HeapStats) {
-    use std::fmt::Write as _;
-
-    let mut line = StackLine::default();
-    // SAFETY: isatty only inspects file descriptor 2.
-    if unsafe { libc::isatty(2) } == 1 {
-        // Clear a progress bar that may be on the current terminal line.
-        let _ = line.write_str("\r\x1b[2K");
-    }
-    let _ = match stats.limit {
-        Some(limit) => write!(
-            line,
-            "ndmem: heap limit reached: {} more would exceed NDMEM_MAX_HEAP={} ({} live); raise NDMEM_MAX_HEAP",
-            ByteSize(layout.size()),
-            ByteSize(limit),
-            ByteSize(stats.live_bytes)
-        ),
-        None => write!(
-            line,
-            "ndmem: out of memory: the system refused {} ({} of heap live)",
-            ByteSize(layout.size()),
-            ByteSize(stats.live_bytes)
-        ),
-    };
-    line.finish();
-    // SAFETY: the bytes are a live stack buffer that write(2) only reads; _exit ends the
-    // process at once, which is sound from any thread.
-    unsafe {
-        libc::write(2, line.bytes.as_ptr().cast(), line.len);
-        libc::_exit(1);
-    }
-}
-
-/// A fixed-size line buffer for [`heap_exhausted`]: text past its end is dropped, and it
-/// always ends with a newline.
-struct StackLine {
-    /// The bytes written so far.
-    bytes: [u8; 256],
-    /// How many of `bytes` are used.
-    len: usize,
-}
-
-impl Default for StackLine {
-    fn default() -> StackLine {
-        StackLine {
-            bytes: [0; 256],
-            len: 0,
-        }
-    }
-}
-
-impl StackLine {
-    /// Ends the line with a newline, overwriting the last byte when the buffer is full.
-    fn finish(&mut self) {
-        let at = self.len.min(self.bytes.len() - 1);
-        self.bytes[at] = b'\n';
-        self.len = at + 1;
-    }
-}
-
-impl std::fmt::Write for StackLine {
-    fn write_str(&mut self, text: &str) -> std::fmt::Result {
-        let room = self.bytes.len() - self.len;
-        let take = text.len().min(room);
-        self.bytes[self.len..self.len + take].copy_from_slice(&text.as_bytes()[..take]);
-        self.len += take;
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::fmt::Write as _;
-
-    #[test]
-    fn stack_line_truncates_and_always_ends_with_a_newline() {
-        let mut line = StackLine::default();
-        write!(line, "{} of {}", ByteSize(2048), 7).unwrap();
-        line.finish();
-        assert_eq!(&line.bytes[..line.len], b"2.00 KiB of 7\n");
-        let mut line = StackLine::default();
-        for _ in 0..100 {
-            line.write_str("abcdef").unwrap();
-        }
-        line.finish();
-        assert_eq!(line.len, 256);
-        assert_eq!(line.bytes[255], b'\n');
-        assert_eq!(line.bytes[254], b'c'); // byte 254 of "abcdef" repeated
-    }
 }

@@ -1,0 +1,152 @@
+//! A ready-made heap OOM hook for programs that would rather stop with one line than
+//! abort: [`exit_on_oom`].
+//!
+//! Invariant: nothing here allocates (the heap is what just ran out) or unwinds (the hook
+//! runs inside `GlobalAlloc::alloc`): the line is formatted into a stack buffer, written
+//! with write(2), and the process ends with `_exit`.
+
+use std::alloc::Layout;
+use std::fmt::{self, Write as _};
+
+use crate::error::ByteSize;
+use crate::limits::ENV_MAX_HEAP;
+use crate::tracking::HeapStats;
+
+/// Writes one line on stderr naming the request, the limit and the live bytes, and ends
+/// the process with exit status 1, instead of the abort that follows a refused allocation.
+/// Install it with [`crate::heap::set_oom_hook`]:
+///
+/// ```no_run
+/// ndmem_alloc::heap::set_oom_hook(ndmem_alloc::heap::exit_on_oom);
+/// ```
+///
+/// The line reads `ndmem: heap limit reached: 64.0 KiB more would exceed
+/// NDMEM_MAX_HEAP=1.00 MiB (980 KiB live); raise NDMEM_MAX_HEAP`. On a terminal it first
+/// clears the current line (a progress bar, say). Destructors and `atexit` handlers do not
+/// run: nothing that could need the heap runs after it.
+pub fn exit_on_oom(layout: Layout, stats: &HeapStats) {
+    let mut line = StackLine::default();
+    // SAFETY: isatty only inspects file descriptor 2.
+    if unsafe { libc::isatty(2) } == 1 {
+        let _ = line.write_str("\r\x1b[2K");
+    }
+    let _ = describe(&mut line, layout, stats);
+    line.finish();
+    // SAFETY: the bytes are a live stack buffer that write(2) only reads; _exit ends the
+    // process at once, which is sound from any thread.
+    unsafe {
+        libc::write(2, line.bytes.as_ptr().cast(), line.len);
+        libc::_exit(1);
+    }
+}
+
+/// The text of [`exit_on_oom`]'s line, without the newline.
+fn describe(out: &mut impl fmt::Write, layout: Layout, stats: &HeapStats) -> fmt::Result {
+    match stats.limit {
+        Some(limit) => write!(
+            out,
+            "ndmem: heap limit reached: {} more would exceed {ENV_MAX_HEAP}={} ({} live); \
+             raise {ENV_MAX_HEAP}",
+            ByteSize(layout.size()),
+            ByteSize(limit),
+            ByteSize(stats.live_bytes)
+        ),
+        None => write!(
+            out,
+            "ndmem: out of memory: the system refused {} ({} of heap live)",
+            ByteSize(layout.size()),
+            ByteSize(stats.live_bytes)
+        ),
+    }
+}
+
+/// A fixed-size line buffer: text past its end is dropped, and it always ends with a
+/// newline.
+struct StackLine {
+    bytes: [u8; 256],
+    len: usize,
+}
+
+impl Default for StackLine {
+    fn default() -> StackLine {
+        StackLine {
+            bytes: [0; 256],
+            len: 0,
+        }
+    }
+}
+
+impl StackLine {
+    /// Ends the line with a newline, overwriting the last byte when the buffer is full.
+    fn finish(&mut self) {
+        let at = self.len.min(self.bytes.len() - 1);
+        self.bytes[at] = b'\n';
+        self.len = at + 1;
+    }
+}
+
+impl fmt::Write for StackLine {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let take = text.len().min(self.bytes.len() - self.len);
+        self.bytes[self.len..self.len + take].copy_from_slice(&text.as_bytes()[..take]);
+        self.len += take;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_line_truncates_and_always_ends_with_a_newline() {
+        let mut line = StackLine::default();
+        write!(line, "{} of {}", ByteSize(2048), 7).unwrap();
+        line.finish();
+        assert_eq!(&line.bytes[..line.len], b"2.00 KiB of 7\n");
+        let mut line = StackLine::default();
+        for _ in 0..100 {
+            line.write_str("abcdef").unwrap();
+        }
+        line.finish();
+        assert_eq!(line.len, 256);
+        assert_eq!(line.bytes[255], b'\n');
+        assert_eq!(line.bytes[254], b'c'); // byte 254 of "abcdef" repeated
+    }
+
+    #[test]
+    fn the_line_names_request_limit_live_and_variable() {
+        let stats = HeapStats {
+            live_bytes: 1000,
+            limit: Some(1 << 20),
+            ..HeapStats::default()
+        };
+        let mut line = StackLine::default();
+        describe(
+            &mut line,
+            Layout::from_size_align(65536, 8).unwrap(),
+            &stats,
+        )
+        .unwrap();
+        let text = std::str::from_utf8(&line.bytes[..line.len]).unwrap();
+        assert_eq!(
+            text,
+            "ndmem: heap limit reached: 64.0 KiB more would exceed NDMEM_MAX_HEAP=1.00 MiB \
+             (1000 B live); raise NDMEM_MAX_HEAP"
+        );
+        let unlimited = HeapStats {
+            limit: None,
+            ..stats
+        };
+        let mut line = StackLine::default();
+        describe(
+            &mut line,
+            Layout::from_size_align(16, 8).unwrap(),
+            &unlimited,
+        )
+        .unwrap();
+        assert!(std::str::from_utf8(&line.bytes[..line.len])
+            .unwrap()
+            .contains("the system refused 16 B"));
+    }
+}
