@@ -652,7 +652,9 @@ pub mod heap {
     /// **The hook must not panic**: it runs inside `GlobalAlloc::alloc`/`realloc`, which
     /// must not unwind, so a panic in the hook aborts the process (after the panic message
     /// and a line on stderr). Record what you need (in atomics, say) and act after the
-    /// failed allocation returns.
+    /// failed allocation returns. (With `RUST_BACKTRACE` set, a panic there may not even
+    /// reach the abort: capturing the backtrace allocates at a heap already at its limit,
+    /// and std's allocation-error handler then waits on the backtrace lock it holds.)
     pub fn set_oom_hook(hook: fn(Layout, &HeapStats)) {
         OOM_HOOK.store(hook as usize, Ordering::Release);
     }
