@@ -185,6 +185,13 @@ fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
         .overallocation_limit(0.5)
         .build()
         .is_ok());
+    // Fail without an initial buffer: every request would fail, so nothing is ever learned
+    let e = config_error(
+        WorkspaceConfig::builder()
+            .policy_spill(SpillPolicy::Fail)
+            .build(),
+    );
+    assert!(e.contains("Fail") && e.contains("initial_size 0"), "{e}");
     // circular + Reallocate on a user file: a rebuilt ring would map the same file again
     let user_file = LocationPolicy::Mmap {
         path: Some(std::env::temp_dir().join("ndmem-never-created")),

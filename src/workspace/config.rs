@@ -327,6 +327,15 @@ impl WorkspaceConfig {
                 ),
             );
         }
+        if self.policy_spill == SpillPolicy::Fail && self.initial_size == 0 {
+            return invalid(
+                "policy_spill",
+                "policy_spill Fail with initial_size 0: the workspace has no buffer until it \
+                 learns, and a Fail workspace refuses every request before that, so it could \
+                 never allocate; give it an initial_size > 0 (or use SpillPolicy::External)"
+                    .to_string(),
+            );
+        }
         if self.is_circular()
             && self.policy_spill == SpillPolicy::Reallocate
             && matches!(self.policy_location, LocationPolicy::Mmap { path: Some(_) })
