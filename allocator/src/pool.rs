@@ -433,7 +433,10 @@ impl Pool {
 
     fn mark_live(&self, bytes: usize, usage: Usage) {
         let live = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak_live.fetch_max(live, Ordering::Relaxed);
+        // A new peak is rare: read first, so the usual case is no second write.
+        if live > self.peak_live.load(Ordering::Relaxed) {
+            self.peak_live.fetch_max(live, Ordering::Relaxed);
+        }
         self.by_usage[usage.index()].fetch_add(bytes, Ordering::Relaxed);
         self.allocated_bytes
             .fetch_add(bytes as u64, Ordering::Relaxed);
