@@ -12,9 +12,9 @@
 //! makes `seq` odd, moves the headroom, stores the limit and makes `seq` even again. A
 //! reader takes the pair only if `seq` was even and unchanged around it (every load
 //! acquires, and every headroom update releases, so a reader that sees any part of a change
-//! also sees `seq` moved), and reads again otherwise. Reservations never wait for that
-//! lock: they only need the headroom; a reservation's reported total is re-read only if
-//! a limit change ran during it.
+//! also sees `seq` moved), and reads again otherwise. A reservation itself never waits for
+//! that lock (it only needs the headroom); only its reported total, if a limit change ran
+//! during it, is read again once that change is done.
 
 use crate::sync::{spin_loop, AtomicIsize, AtomicUsize, Ordering};
 

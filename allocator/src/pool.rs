@@ -151,7 +151,6 @@ pub struct Pool {
     cached: AtomicUsize,
     by_usage: [AtomicUsize; 4],
     allocated_bytes: AtomicU64,
-    freed_bytes: AtomicU64,
     allocations: AtomicU64,
     deallocations: AtomicU64,
     cache_hits: AtomicU64,
@@ -221,7 +220,6 @@ impl Pool {
             cached: AtomicUsize::new(0),
             by_usage: Default::default(),
             allocated_bytes: AtomicU64::new(0),
-            freed_bytes: AtomicU64::new(0),
             allocations: AtomicU64::new(0),
             deallocations: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
@@ -446,7 +444,6 @@ impl Pool {
     fn mark_freed(&self, bytes: usize, usage: Usage) {
         self.live.fetch_sub(bytes, Ordering::Relaxed);
         self.by_usage[usage.index()].fetch_sub(bytes, Ordering::Relaxed);
-        self.freed_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         self.deallocations.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -541,6 +538,8 @@ impl Pool {
     /// A snapshot of the pool's counters.
     pub fn stats(&self) -> PoolStats {
         let live = self.live.load(Ordering::Relaxed);
+        // After `live`: a figure read later only grows, so freed never goes negative.
+        let allocated = self.allocated_bytes.load(Ordering::Relaxed);
         let cached = self.cached.load(Ordering::Relaxed);
         let physical = self.max_physical.load(Ordering::Relaxed);
         let usage = |u: Usage| self.by_usage[u.index()].load(Ordering::Relaxed);
@@ -557,8 +556,9 @@ impl Pool {
             workspace_bytes: usage(Usage::Workspace),
             mirror_bytes: usage(Usage::Mirror),
             other_bytes: usage(Usage::Other),
-            total_allocated_bytes: self.allocated_bytes.load(Ordering::Relaxed),
-            total_freed_bytes: self.freed_bytes.load(Ordering::Relaxed),
+            total_allocated_bytes: allocated,
+            // Derived, not counted: one shared write less per free.
+            total_freed_bytes: allocated.saturating_sub(live as u64),
             allocations: self.allocations.load(Ordering::Relaxed),
             deallocations: self.deallocations.load(Ordering::Relaxed),
             cache_hits: self.cache_hits.load(Ordering::Relaxed),

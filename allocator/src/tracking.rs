@@ -499,21 +499,54 @@ mod exit_hook {
 
 static ENV_STATE: AtomicU8 = AtomicU8::new(0);
 
-/// Applies `NDMEM_MAX_HEAP` the first time any thread needs budget.
+const ENV_UNREAD: u8 = 0;
+const ENV_READING: u8 = 1;
+const ENV_DONE: u8 = 2;
+
+/// Applies `NDMEM_MAX_HEAP` the first time any thread needs budget (inside the allocator:
+/// read with getenv, which allocates nothing).
 fn read_env_once() {
-    const UNREAD: u8 = 0;
-    const READING: u8 = 1;
-    const DONE: u8 = 2;
+    once(|| {
+        // SAFETY: the name is NUL-terminated; getenv returns null or a NUL-terminated
+        // string that stays valid while nobody calls setenv, which the program has not yet
+        // had a chance to do concurrently with its first allocation.
+        let value = unsafe {
+            let ptr = libc::getenv(c"NDMEM_MAX_HEAP".as_ptr());
+            (!ptr.is_null()).then(|| std::ffi::CStr::from_ptr(ptr).to_bytes())
+        };
+        apply_env_limit(value);
+    });
+}
+
+/// [`read_env_once`] for callers outside the allocator (`heap::stats` before anything was
+/// allocated, `heap::set_limit`), which may run late, beside a `std::env::set_var`: the
+/// variable is read through `std::env`, under its lock, and before the once is claimed,
+/// because reading allocates and so may run the allocator's own `read_env_once`.
+fn read_env_once_outside_allocator() {
+    if ENV_STATE.load(Ordering::Acquire) == ENV_DONE {
+        return;
+    }
+    let value = std::env::var_os(ENV_MAX_HEAP);
+    once(|| apply_env_limit(value.as_ref().map(|v| v.as_encoded_bytes())));
+}
+
+/// Runs `apply` if no thread has applied the variable yet; waits for one that is applying it.
+fn once(apply: impl FnOnce()) {
     loop {
         match ENV_STATE.load(Ordering::Acquire) {
-            DONE => return,
-            UNREAD => {
+            ENV_DONE => return,
+            ENV_UNREAD => {
                 if ENV_STATE
-                    .compare_exchange(UNREAD, READING, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange(
+                        ENV_UNREAD,
+                        ENV_READING,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
                 {
-                    apply_env_limit();
-                    ENV_STATE.store(DONE, Ordering::Release);
+                    apply();
+                    ENV_STATE.store(ENV_DONE, Ordering::Release);
                     return;
                 }
             }
@@ -522,16 +555,10 @@ fn read_env_once() {
     }
 }
 
-fn apply_env_limit() {
-    // SAFETY: the name is NUL-terminated; getenv returns null or a NUL-terminated string
-    // that stays valid while nobody calls setenv, which the program has not yet had a
-    // chance to do concurrently with its first allocation.
-    let value = unsafe {
-        let ptr = libc::getenv(c"NDMEM_MAX_HEAP".as_ptr());
-        if ptr.is_null() {
-            return;
-        }
-        std::ffi::CStr::from_ptr(ptr).to_bytes()
+/// Applies the variable's value (`None`: not set), warning on stderr if it is unusable.
+fn apply_env_limit(value: Option<&[u8]>) {
+    let Some(value) = value else {
+        return;
     };
     match parse_size_bytes(value) {
         Ok(0) => {}
@@ -600,7 +627,7 @@ pub mod heap {
     /// All zero unless a [`Tracking`] allocator is installed as `#[global_allocator]`.
     /// The limit of `NDMEM_MAX_HEAP` is reported even before the first allocation.
     pub fn stats() -> HeapStats {
-        read_env_once();
+        read_env_once_outside_allocator();
         TALLY.with(|t| t.flush());
         HeapStats {
             live_bytes: LIVE.load(Ordering::Relaxed).max(0) as usize,
@@ -635,7 +662,7 @@ pub mod heap {
     /// [`crate::Pool::set_max_bytes`]. A limit below the bytes already reserved is refused
     /// and changes nothing.
     pub fn set_limit(limit: Option<usize>) -> Result<(), AllocError> {
-        read_env_once();
+        read_env_once_outside_allocator();
         TALLY.with(|t| t.return_budget());
         HEAP.set_limit(limit.filter(|l| *l > 0))
             .map_err(|e| AllocError::LimitBelowUse {

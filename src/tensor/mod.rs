@@ -91,7 +91,7 @@ pub struct Tensor {
 /// A view stays on the thread that made it (the tensor itself may be sent, and viewed
 /// there):
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn send<T: Send>(_: T) {}
 /// let t = ndmem::Tensor::ones(ndmem::DType::F32, &[2]).unwrap();
 /// send(t.view::<f32>().unwrap());

@@ -246,6 +246,10 @@ impl Storage {
                 });
             }
         }
+        // Other handles may have been dropped just now by threads that read the bytes: the
+        // fence orders their reads (released by the drop) before our writes, as
+        // `Arc::get_mut` does after reading the counts.
+        std::sync::atomic::fence(Ordering::Acquire);
         // SAFETY: the check passed (the memory is live, see `read`), and no other tensor
         // handle exists (counted above): `&mut` to the only tensor-side `Arc` excludes
         // every other reader or writer, including views, which borrow a handle. Scopes'

@@ -337,6 +337,9 @@ pub(crate) struct Arena {
     block: Cell<usize>,
     slots: Cell<usize>,
     slot: Cell<usize>,
+    /// The reference to this cycle's slot that its stamps share (one per cycle, so a bump
+    /// costs an `Arc` clone, not an allocation).
+    slot_ref: RefCell<Option<Arc<SlotRef>>>,
     grow_at: Cell<Option<u64>>,
 
     _claim: Option<PathClaim>,
@@ -378,6 +381,7 @@ impl Arena {
             block: Cell::new(0),
             slots: Cell::new(1),
             slot: Cell::new(0),
+            slot_ref: RefCell::new(None),
             grow_at: Cell::new(None),
             _claim: claim,
         };
@@ -498,8 +502,9 @@ impl Arena {
             (0, 0)
         } else if self.circular {
             match self.free_slot() {
-                Some(slot) => {
+                Some((ring, slot)) => {
                     self.slot.set(slot);
+                    *self.slot_ref.borrow_mut() = Some(Arc::new(SlotRef::new(ring, slot)));
                     let start = slot * self.block.get();
                     (start, start + self.block.get())
                 }
@@ -517,14 +522,15 @@ impl Arena {
         Ok(())
     }
 
-    /// The first slot from the ring's next one that no stamp refers to.
-    fn free_slot(&self) -> Option<usize> {
+    /// The ring and its first slot, from the next one, that no stamp refers to.
+    fn free_slot(&self) -> Option<(Arc<Buffer>, usize)> {
         let buffer = self.buffer.borrow();
         let ring = buffer.as_ref()?;
         let (next, slots) = (self.slot.get(), self.slots.get());
         (0..slots)
             .map(|i| (next + i) % slots)
             .find(|&slot| ring.slot_is_free(slot))
+            .map(|slot| (Arc::clone(ring), slot))
     }
 
     /// Leaves the workspace; the last leave of a cycle ends it (SEMANTICS 2.2).
@@ -535,6 +541,8 @@ impl Arena {
             return;
         }
         *self.parent.borrow_mut() = Weak::new();
+        // The cycle's own reference to its slot; stamps keep theirs.
+        self.slot_ref.borrow_mut().take();
         if self.destroyed.get() {
             self.release_all();
             return;
@@ -737,14 +745,15 @@ impl Arena {
     /// [`Arena::alloc`] with a validity stamp.
     pub(crate) fn alloc_memory(&self, layout: Layout) -> Result<WorkspaceMemory, Error> {
         let (ptr, placement) = self.place(layout)?;
-        let keep_alive =
-            match placement {
-                Placement::Bumped if self.circular => self.buffer.borrow().as_ref().map(|ring| {
-                    Arc::new(SlotRef::new(Arc::clone(ring), self.slot.get())) as KeepAlive
-                }),
-                Placement::Spilled(keep) => keep,
-                Placement::Bumped | Placement::Empty => None,
-            };
+        let keep_alive = match placement {
+            Placement::Bumped if self.circular => self
+                .slot_ref
+                .borrow()
+                .as_ref()
+                .map(|slot| Arc::clone(slot) as KeepAlive),
+            Placement::Spilled(keep) => keep,
+            Placement::Bumped | Placement::Empty => None,
+        };
         Ok(WorkspaceMemory {
             ptr,
             len: layout.size(),

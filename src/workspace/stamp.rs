@@ -152,12 +152,11 @@ pub struct Stamp {
     /// The state word at allocation time: `generation << 2 | OPEN`.
     expected: u64,
     /// What the check compares, kept beside `expected` so the check reads one line of the
-    /// stamp and one word of the workspace: valid iff `state & state_mask == state_wanted`
-    /// and `(thread_token() ^ owner_token) & token_mask == 0`. Non-circular: the whole
-    /// word must equal `expected`, on the owner thread. Circular: only `DESTROYED` must be
-    /// clear, on any thread.
+    /// stamp and one word of the workspace: valid iff `state & state_mask == expected &
+    /// state_mask` and `(thread_token() ^ owner_token) & token_mask == 0`. Non-circular:
+    /// the whole word must equal `expected`, on the owner thread. Circular: only
+    /// `DESTROYED` must be clear (it is clear in `expected`), on any thread.
     state_mask: u64,
-    state_wanted: u64,
     owner_token: u64,
     token_mask: u64,
     /// For circular workspaces: the buffer or spill block holding the memory.
@@ -176,7 +175,6 @@ impl Stamp {
         Stamp {
             expected,
             state_mask: if circular { DESTROYED } else { u64::MAX },
-            state_wanted: if circular { 0 } else { expected },
             owner_token: shared.owner_token,
             token_mask: if circular { 0 } else { u64::MAX },
             shared,
@@ -205,7 +203,7 @@ impl Stamp {
     pub fn is_valid(&self) -> bool {
         let state = self.shared.state.load(Ordering::Acquire);
         // Branch-free: both tests always run, and `&` (not `&&`) keeps it that way.
-        (state & self.state_mask == self.state_wanted)
+        (state & self.state_mask == self.expected & self.state_mask)
             & ((assigned_token() ^ self.owner_token) & self.token_mask == 0)
     }
 
