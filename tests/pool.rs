@@ -1,8 +1,6 @@
 //! The native pool (SEMANTICS 1): exact limits under concurrency, the cache, relief at a
 //! limit, bad input, and the out-of-memory message.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -12,41 +10,13 @@ use ndmem_alloc::{physical_bytes, AllocError, Block, ByteSize, Limits, Pool, Poo
 
 const MIB: usize = 1 << 20;
 
-/// System's allocator, counting the heap allocations of each thread, so a test can check
-/// that a path allocates nothing on the Rust heap.
-struct CountingPerThread;
+#[path = "common/counting.rs"]
+mod counting;
 
-std::thread_local! {
-    static HEAP_ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to System unchanged; the count is a const thread-local
-// without destructor, which never allocates.
-unsafe impl GlobalAlloc for CountingPerThread {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = HEAP_ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller's layout, forwarded unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's pointer and layout, forwarded unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = HEAP_ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+/// Heap allocations are counted per thread, so a test can check a path allocates nothing.
 #[global_allocator]
-static GLOBAL: CountingPerThread = CountingPerThread;
-
-fn heap_allocations_of_this_thread() -> usize {
-    HEAP_ALLOCATIONS.with(|n| n.get())
-}
+static GLOBAL: counting::CountingPerThread = counting::CountingPerThread;
+use counting::heap_allocations_of_this_thread;
 
 /// The tests of this binary run one at a time: the physical limit is checked against the
 /// RSS of the whole process, which the other tests would move meanwhile.

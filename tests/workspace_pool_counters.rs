@@ -1,49 +1,21 @@
 //! Workspace figures that can only be read from process-wide counters: the pool's
 //! allocation count and live bytes. One test in its own binary, so no other test's pool
 //! traffic runs beside it. Heap allocations are counted per thread by the counting
-//! allocator below, so they are attributable exactly.
+//! allocator of tests/common/counting.rs, so they are attributable exactly.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use std::alloc::Layout;
 
 use ndmem::alloc::Pool;
 use ndmem::workspace::allocate_in_current;
 use ndmem::{workspaces, LocationPolicy, ResetPolicy, SpillPolicy, WorkspaceConfig};
 
-thread_local! {
-    static HEAP_ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
+#[path = "common/counting.rs"]
+mod counting;
 
-/// System, counting the calling thread's allocations.
-struct Counting;
-
-// SAFETY: forwards to System unchanged; the counter is a const thread-local without
-// destructor, which does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = HEAP_ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller upholds GlobalAlloc's contract, which System shares.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = HEAP_ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+/// Heap allocations are counted per thread, so a test can check a path allocates nothing.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn heap_allocations() -> u64 {
-    HEAP_ALLOCATIONS.with(Cell::get)
-}
+static GLOBAL: counting::CountingPerThread = counting::CountingPerThread;
+use counting::heap_allocations_of_this_thread as heap_allocations;
 
 /// One cycle of a training-loop-like workload: nested workspaces, stamped allocations,
 /// an allocator_api2 vector, and a scope-out.
