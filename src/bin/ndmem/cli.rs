@@ -95,7 +95,8 @@ pub struct TrainArgs {
           value_parser = learning_rate)]
     pub lr: f32,
     /// Seed of the train/test split, the shuffles and the initial weights.
-    #[arg(long, value_name = "N", default_value_t = 42)]
+    #[arg(long, value_name = "N", default_value_t = 42, allow_negative_numbers = true,
+          value_parser = seed)]
     pub seed: u64,
     /// Off-heap limit of the global pool for this run, e.g. 64M (0: unlimited);
     /// default: NDMEM_MAX_BYTES or half of RAM.
@@ -173,6 +174,17 @@ fn at_most<T: TryFrom<u64>>(text: &str, max: u64) -> Result<T, String> {
         .ok()
         .and_then(|v| T::try_from(v).ok())
         .ok_or_else(|| format!("must be at most {max}, got {value}"))
+}
+
+/// A seed: any whole number from 0 to `u64::MAX` (negative numbers reach this parser, so
+/// the error names `--seed` instead of calling `-1` an unknown argument).
+fn seed(text: &str) -> Result<u64, String> {
+    text.trim().parse().map_err(|_| {
+        format!(
+            "{text:?} is not a seed: expected a whole number from 0 to {}",
+            u64::MAX
+        )
+    })
 }
 
 /// A finite learning rate above 0.
@@ -308,7 +320,7 @@ mod tests {
                 &["ndmem", "--steps", "99999999999999999999999999"][..],
                 "at most 18446744073709551615",
             ),
-            (&["ndmem", "--seed", "-1"][..], "unexpected argument '-1'"),
+            (&["ndmem", "--seed", "-1"][..], "--seed"),
         ] {
             let err = Cli::try_parse_from(args).unwrap_err();
             let line = one_line(&err.render().to_string());
