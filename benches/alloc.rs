@@ -27,6 +27,8 @@
 //!
 //! Run: `cargo bench --bench alloc -- --warm-up-time 1 --measurement-time 3`.
 
+#![allow(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::Barrier;

@@ -12,6 +12,8 @@
 //!
 //! Run: `cargo bench --bench workspace -- --warm-up-time 1 --measurement-time 3`.
 
+#![allow(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::ptr::NonNull;

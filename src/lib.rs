@@ -6,12 +6,15 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod memory;
 pub mod reclaim;
 pub mod scope;
+mod sync;
 pub mod tensor;
 pub mod workspace;
 
 pub use error::{Error, Result};
+pub use memory::MemorySource;
 pub use ndmem_alloc as alloc;
 pub use scope::Scope;
 pub use tensor::{DType, Element, Tensor, TensorView};

@@ -12,7 +12,7 @@
 //! [`collect`] before it refuses an allocation at its limit (SEMANTICS 1, 6).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, Once, PoisonError};
 
 use crossbeam_epoch as epoch;
 use ndmem_alloc::{Block, Pool};
@@ -74,5 +74,17 @@ pub fn pending_bytes() -> usize {
 }
 
 fn register_with_pool() {
-    REGISTER.call_once(|| Pool::global().register_reclaimer(collect));
+    REGISTER.call_once(|| register_with(Pool::global()));
+}
+
+/// Registers [`collect`] as a reclaimer of `pool`, once per pool, so the pool flushes
+/// deferred frees before it refuses an allocation at its limit.
+pub(crate) fn register_with(pool: &'static Pool) {
+    static REGISTERED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    let mut registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = pool as *const Pool as usize;
+    if !registered.contains(&key) {
+        registered.push(key);
+        pool.register_reclaimer(collect);
+    }
 }

@@ -3,6 +3,8 @@
 //! another on the main thread (`harness = false`): the test harness's own threads would
 //! otherwise allocate in the middle of an exact measurement.
 
+#![allow(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,6 +4,8 @@
 //! Tests run on parallel threads of one process. Workspaces are per thread, so ids never
 //! collide; nothing here reads the global pool's counters (see workspace_pool_counters.rs).
 
+#![allow(unsafe_code)]
+
 use std::alloc::Layout;
 use std::ptr::NonNull;
 

@@ -5,6 +5,8 @@
 //! runs inside `GlobalAlloc::alloc`): the line is formatted into a stack buffer, written
 //! with write(2), and the process ends with `_exit`.
 
+#![allow(unsafe_code)]
+
 use std::alloc::Layout;
 use std::fmt::{self, Write as _};
 

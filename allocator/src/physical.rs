@@ -3,6 +3,8 @@
 //! Both functions may run inside `GlobalAlloc::alloc`, so they only make system calls into
 //! stack buffers; neither touches the heap.
 
+#![allow(unsafe_code)]
+
 // Not modelled under loom: a cached constant, written once with the same value by anyone.
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -12,6 +12,8 @@
 //! Every block's bytes are initialised (zero when fresh from the OS, afterwards whatever
 //! the previous owner wrote), so handing out `&[u8]` over them is sound.
 
+#![allow(unsafe_code)]
+
 use std::fmt;
 use std::ptr::NonNull;
 #[cfg(not(ndmem_loom))]

@@ -13,6 +13,8 @@
 //! Nothing here allocates: the environment is read with `libc::getenv`, thread state is a
 //! `const` thread-local without destructor, and warnings go to `write(2)`.
 
+#![allow(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicU8, AtomicUsize, Ordering};

@@ -9,6 +9,8 @@
 //! - a block's contents written before `push` are visible to whoever `pop`s it, and its
 //!   new owner's writes do not race the old owner's (loom's `UnsafeCell` tracks the
 //!   accesses: push must release, pop must acquire).
+
+#![allow(unsafe_code)]
 #![cfg(ndmem_loom)]
 
 use loom::cell::UnsafeCell;

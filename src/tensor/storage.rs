@@ -11,6 +11,8 @@
 //! `write_exclusive`. This module and the workspace arena are the only places in
 //! the `ndmem` crate that turn raw pool pointers into slices.
 
+#![allow(unsafe_code)]
+
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -22,6 +22,8 @@
 //! The bump path reads and writes `Cell`s only: no lock, no allocation, no system call.
 //! All of the workspace's `unsafe` code is in this module.
 
+#![allow(unsafe_code)]
+
 use std::alloc::Layout;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;

@@ -3,6 +3,8 @@
 //! `#[path = "common/counting.rs"] mod counting;` and install
 //! `counting::CountingPerThread` as the `#[global_allocator]`.
 
+#![allow(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 

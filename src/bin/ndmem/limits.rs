@@ -5,6 +5,8 @@
 //! allocated and freed to show the counters move, and the CUDA probe loads the driver
 //! library without calling into it.
 
+#![allow(unsafe_code)]
+
 use std::ffi::CStr;
 
 use ndmem::alloc::{heap, physical_ram, ByteSize, LimitSource, Limits, Pool};

@@ -63,6 +63,9 @@ impl Failure {
 /// platforms without `.init_array`.
 #[cfg(target_os = "linux")]
 #[used]
+// SAFETY: `.init_array` entries are `extern "C" fn()` run once by the loader before `main`;
+// `install_oom_hook` has that type and only stores a function pointer.
+#[allow(unsafe_code)]
 #[link_section = ".init_array"]
 static INSTALL_OOM_HOOK: extern "C" fn() = install_oom_hook;
 
