@@ -71,7 +71,10 @@ impl Storage {
                 true
             }
             ViewEntry::Refused { free_now } => {
-                assert!(self.handoff.is_freed(), "refused, but the block is not freed");
+                assert!(
+                    self.handoff.is_freed(),
+                    "refused, but the block is not freed"
+                );
                 if free_now {
                     self.release();
                 }
@@ -111,12 +114,9 @@ fn run(threads: Vec<fn(Arc<Storage>)>) {
 #[test]
 fn a_scope_closing_under_a_view_releases_once_after_the_view() {
     model(|| {
-        run(vec![
-            |s| s.free_for_scope(),
-            |s| {
-                s.view();
-            },
-        ]);
+        run(vec![|s| s.free_for_scope(), |s| {
+            s.view();
+        }]);
     });
 }
 

@@ -399,10 +399,7 @@ impl Owner {
     fn holds(&self, owned: &Arc<Owned>) -> bool {
         let inner = lock(&self.inner);
         inner.owned.iter().any(|h| Arc::ptr_eq(&h.0, owned))
-            || inner
-                .borrowed
-                .iter()
-                .any(|(h, _)| Arc::ptr_eq(&h.0, owned))
+            || inner.borrowed.iter().any(|(h, _)| Arc::ptr_eq(&h.0, owned))
     }
 
     /// Makes this owner the owner of `owned` (from its handles or another owner; memory
@@ -437,7 +434,9 @@ impl Owner {
         if self.is_closed() {
             return Err(self.closed("detach", "X"));
         }
-        let entry = self.release(owned).ok_or_else(|| self.not_owned("detach"))?;
+        let entry = self
+            .release(owned)
+            .ok_or_else(|| self.not_owned("detach"))?;
         drop(entry);
         owned.set_owner(None)?;
         Ok(())
@@ -473,9 +472,7 @@ impl Owner {
                     Some(Entry::Owned(_)) | None => Origin::Owned(previous),
                 },
             };
-            lock(&self.inner)
-                .borrowed
-                .push((Held::new(owned), origin));
+            lock(&self.inner).borrowed.push((Held::new(owned), origin));
         }
         Ok(())
     }
@@ -492,7 +489,9 @@ impl Owner {
             return Err(self.closed("ret", "X"));
         }
         owned.check_not_freed("ret")?;
-        let entry = self.release(owned).ok_or_else(|| self.not_owned("return"))?;
+        let entry = self
+            .release(owned)
+            .ok_or_else(|| self.not_owned("return"))?;
         match parent.take("ret", "X", owned) {
             Ok(()) => {
                 drop(entry);
