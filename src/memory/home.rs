@@ -197,6 +197,8 @@ impl Home {
     /// For as long as the returned borrow lives, nothing else reads or writes these bytes
     /// through any other reference to this home (the caller holds the only tensor handle;
     /// references that never touch the bytes, such as scopes', may exist).
+    // `&mut` from `&self`: the exclusivity is the caller's to prove (the contract above).
+    #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn write_unshared<'a>(&'a self, _pin: &'a Pin) -> Option<&'a mut [u8]> {
         if !self.is_live() {
             return None;
