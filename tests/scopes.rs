@@ -285,7 +285,7 @@ fn the_root_cannot_be_closed_and_debug_dump_shows_bytes() {
 
 #[test]
 fn a_scope_closed_while_another_thread_reads_never_shows_freed_memory() {
-    // SEMANTICS 6: one thread closes the scope (freeing the tensor while its handles live)
+    // semantics §6: one thread closes the scope (freeing the tensor while its handles live)
     // while another is inside reads of it; every read either sees the whole tensor or is
     // refused with ScopeClosed. (Pool byte checks: tests/pool_baseline.rs.)
     for round in 0..20 {
