@@ -17,7 +17,7 @@ use crate::memory::owner::{Owned, Owner};
 use crate::memory::MemorySource;
 use crate::workspace;
 
-/// Where a new tensor's memory should go (semantics "The flow of one allocation").
+/// Where a new tensor's memory should go (the design's "flow of one allocation").
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Placement<'a> {
     /// The current workspace, else pool memory from the first input's source (the global
