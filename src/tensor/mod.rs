@@ -9,7 +9,8 @@
 //! live: the current workspace, else the first input's scope and memory source, else a
 //! pool block owned by the handles and freed through epoch reclamation when the last
 //! handle drops. This module calls down into [`crate::memory`] (homes, owners, sources),
-//! [`crate::workspace`] and [`crate::reclaim`]; it knows nothing of [`crate::Scope`].
+//! [`crate::workspace`] and [`crate::reclaim`]; of scopes it sees only their ownership
+//! records, never the `Scope` handle.
 
 mod dtype;
 mod ops;
