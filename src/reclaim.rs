@@ -1,6 +1,6 @@
 //! Epoch-based deferred frees: the garbage collector ND4J relied on, made explicit.
 //!
-//! Invariant (crossbeam-epoch's): memory handed to [`defer_free`] is released only after
+//! Invariant (crossbeam-epoch's): memory handed to `defer_free` is released only after
 //! every thread that was pinned when it was deferred has unpinned, so a reader that pinned,
 //! checked a tensor's validity and is still reading it never sees its memory freed. Ops
 //! pin through [`pin`] around the check and the access, for the op's duration only; a
