@@ -531,3 +531,28 @@ fn children_created_while_the_parent_closes_are_closed_with_it() {
         }
     }
 }
+
+#[test]
+fn a_view_across_a_close_releases_its_block_to_its_pool_when_it_drops() {
+    let source = private(None);
+    let scope = Scope::new_base_in("viewed-private", source);
+    let t = scope.full(DType::F32, &[1024], 4.0).unwrap();
+    let view = t.view::<f32>().unwrap();
+    scope.close().unwrap();
+    reclaim::collect();
+    assert_eq!(
+        live(&source),
+        4096,
+        "the view holds the block through the close"
+    );
+    assert_eq!(view.sum(), 4096.0);
+    assert!(t.view::<f32>().is_err(), "no new view of a freed block");
+    drop(view);
+    assert_eq!(settle(&source), 0, "the last view handed it to reclamation");
+    drop(t);
+    assert_eq!(
+        settle(&source),
+        0,
+        "and the last handle frees nothing twice"
+    );
+}
