@@ -8,7 +8,7 @@ use ndmem_alloc::{AllocError, ConfigError};
 #[non_exhaustive]
 pub enum Error {
     /// A tensor from a workspace that is no longer open (left or destroyed) was used
-    /// (SEMANTICS 3).
+    /// (semantics §3).
     #[error("Op [{op}] {arg} argument uses leaked workspace pointer from workspace [{workspace}]")]
     LeakedWorkspacePointer {
         /// The operation that refused the tensor.
@@ -18,7 +18,7 @@ pub enum Error {
         /// The workspace the tensor was allocated in.
         workspace: String,
     },
-    /// A tensor from an earlier cycle of a still-open workspace was used (SEMANTICS 3).
+    /// A tensor from an earlier cycle of a still-open workspace was used (semantics §3).
     #[error("Op [{op}] {arg} argument uses outdated workspace pointer from workspace [{workspace}] (allocated in generation {allocated_in}, now {current})")]
     OutdatedWorkspacePointer {
         /// The operation that refused the tensor.
@@ -32,7 +32,7 @@ pub enum Error {
         /// The workspace's generation now.
         current: u64,
     },
-    /// A workspace with the `Fail` spill policy cannot serve a request (SEMANTICS 2.2).
+    /// A workspace with the `Fail` spill policy cannot serve a request (semantics §2.2).
     #[error("workspace [{workspace}] is full: {requested} bytes requested, {available} bytes left in this cycle")]
     WorkspaceFull {
         /// The workspace.
@@ -43,7 +43,7 @@ pub enum Error {
         available: usize,
     },
     /// A workspace exists but no cycle of it is running (it was left or destroyed), so
-    /// nothing can be allocated in it (SEMANTICS 2.2).
+    /// nothing can be allocated in it (semantics §2.2).
     #[error("workspace [{workspace}] is not open on this thread: {reason}; enter it with get_and_activate first")]
     WorkspaceNotOpen {
         /// The workspace.
@@ -78,7 +78,7 @@ pub enum Error {
         /// The id asked for.
         workspace: String,
     },
-    /// Workspace memory was used from a thread other than its owner (SEMANTICS 3).
+    /// Workspace memory was used from a thread other than its owner (semantics §3).
     #[error("Op [{op}] {arg} argument lives in workspace [{workspace}] of thread {owner:?} and cannot be used from thread {current:?}; detach() it before sending it")]
     WrongThread {
         /// The operation that refused the tensor.
@@ -92,7 +92,7 @@ pub enum Error {
         /// The thread that tried to use it.
         current: std::thread::ThreadId,
     },
-    /// A tensor of a closed scope was used (SEMANTICS 4).
+    /// A tensor of a closed scope was used (semantics §4).
     #[error("Op [{op}] {arg} argument belongs to scope [{scope}], which is closed")]
     ScopeClosed {
         /// The operation that refused the tensor.
@@ -102,7 +102,7 @@ pub enum Error {
         /// The closed scope.
         scope: String,
     },
-    /// Something was attached to a capped scope (SEMANTICS 4).
+    /// Something was attached to a capped scope (semantics §4).
     #[error("scope [{scope}] is capped: nothing more can be attached to it")]
     ScopeCapped {
         /// The capped scope.
@@ -149,7 +149,7 @@ pub enum Error {
         /// What is wrong, with the types involved.
         message: String,
     },
-    /// No GPU or CUDA driver is available (SEMANTICS 5).
+    /// No GPU or CUDA driver is available (semantics §5).
     #[error("no device: {reason}")]
     NoDevice {
         /// Why no device could be used.

@@ -5,19 +5,37 @@
 
 #![warn(missing_docs)]
 
+#[cfg(not(ndmem_loom))]
 mod error;
+#[cfg(not(ndmem_loom))]
 pub mod memory;
+#[cfg(not(ndmem_loom))]
 pub mod reclaim;
+#[cfg(not(ndmem_loom))]
 pub mod scope;
 mod sync;
+#[cfg(not(ndmem_loom))]
 pub mod tensor;
+#[cfg(not(ndmem_loom))]
 pub mod workspace;
 
+/// Under `--cfg ndmem_loom` only the modelled pieces are compiled, as public modules for
+/// the models in `loom-tests/`.
+#[cfg(ndmem_loom)]
+#[path = "memory/handoff.rs"]
+pub mod handoff;
+
+#[cfg(not(ndmem_loom))]
 pub use error::{Error, Result};
+#[cfg(not(ndmem_loom))]
 pub use memory::MemorySource;
+#[cfg(not(ndmem_loom))]
 pub use ndmem_alloc as alloc;
+#[cfg(not(ndmem_loom))]
 pub use scope::Scope;
+#[cfg(not(ndmem_loom))]
 pub use tensor::{DType, Element, Tensor, TensorView};
+#[cfg(not(ndmem_loom))]
 pub use workspace::{
     workspaces, AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy,
     SpillPolicy, WorkspaceConfig, WorkspaceGuard, WorkspaceStats,

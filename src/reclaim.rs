@@ -1,6 +1,6 @@
 //! Epoch-based deferred frees: the garbage collector ND4J relied on, made explicit.
 //!
-//! Invariant (crossbeam-epoch's): memory handed to [`defer_free`] is released only after
+//! Invariant (crossbeam-epoch's): memory handed to `defer_free` is released only after
 //! every thread that was pinned when it was deferred has unpinned, so a reader that pinned,
 //! checked a tensor's validity and is still reading it never sees its memory freed. Ops
 //! pin through [`pin`] around the check and the access, for the op's duration only; a
@@ -8,11 +8,12 @@
 //! so it never holds back the epoch (and with it every other free in the process).
 //!
 //! The bytes waiting are counted ([`pending_bytes`]) and bounded: past
-//! [`AUTO_COLLECT_BYTES`] the deferring thread collects, and the global pool runs
-//! [`collect`] before it refuses an allocation at its limit (SEMANTICS 1, 6).
+//! [`AUTO_COLLECT_BYTES`] the deferring thread collects, and every pool a
+//! [`crate::MemorySource`] was made for runs [`collect`] before it refuses an allocation
+//! at its limit (semantics §1, §6). A deferred block is freed to its own pool.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, Once, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use crossbeam_epoch as epoch;
 use ndmem_alloc::{Block, Pool};
@@ -21,7 +22,6 @@ use ndmem_alloc::{Block, Pool};
 pub const AUTO_COLLECT_BYTES: usize = 64 << 20;
 
 static PENDING: AtomicUsize = AtomicUsize::new(0);
-static REGISTER: Once = Once::new();
 
 /// A pinned epoch: memory deferred after this point is not freed while it lives.
 pub type Pin = epoch::Guard;
@@ -32,9 +32,8 @@ pub fn pin() -> Pin {
     epoch::pin()
 }
 
-/// Frees `block` once no thread pinned now can still be reading it.
+/// Frees `block` (to its own pool) once no thread pinned now can still be reading it.
 pub(crate) fn defer_free(block: Block<'static>) {
-    register_with_pool();
     let bytes = block.capacity();
     let pending = PENDING.fetch_add(bytes, Ordering::Relaxed) + bytes;
     let guard = epoch::pin();
@@ -71,10 +70,6 @@ pub fn collect() -> usize {
 /// Bytes of tensor memory waiting to be freed.
 pub fn pending_bytes() -> usize {
     PENDING.load(Ordering::Relaxed)
-}
-
-fn register_with_pool() {
-    REGISTER.call_once(|| register_with(Pool::global()));
 }
 
 /// Registers [`collect`] as a reclaimer of `pool`, once per pool, so the pool flushes

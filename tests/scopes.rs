@@ -1,9 +1,137 @@
-//! NDManager-style scopes (SEMANTICS 4) and epoch reclamation (SEMANTICS 6).
+//! NDManager-style scopes (semantics §4) and epoch reclamation (semantics §6).
 //!
-//! Pool figures are process-wide and tests run on parallel threads, so byte checks here
-//! read the scope's own figures; the pool-baseline checks live in `tests/pool_baseline.rs`.
+//! Tests run on parallel threads: byte checks read the scope's own figures, or a pool of
+//! the test's own ([`MemorySource::new`]). The tests that pin the epoch on purpose or count
+//! the process-wide pending frees live in `tests/pool_baseline.rs`.
 
-use ndmem::{reclaim, DType, Error, Scope, Tensor};
+use std::time::{Duration, Instant};
+
+use ndmem::alloc::{AllocError, Limits, Pool};
+use ndmem::{reclaim, DType, Error, MemorySource, Scope, Tensor};
+
+/// A pool of this test's own, with an optional byte limit.
+fn private(max_bytes: Option<usize>) -> MemorySource {
+    MemorySource::new(Pool::new(Limits::builder().max_bytes(max_bytes).build()))
+}
+
+fn live(source: &MemorySource) -> usize {
+    source.pool().stats().live_bytes
+}
+
+/// Collects until `source`'s pool has no live bytes (other tests' threads may be pinned
+/// for a moment, holding frees back); returns what is still live after ten seconds.
+fn settle(source: &MemorySource) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        reclaim::collect();
+        let live = live(source);
+        if live == 0 || Instant::now() > deadline {
+            return live;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_scope_with_its_own_pool_allocates_only_there_under_its_limit() {
+    let source = private(Some(1 << 20));
+    let global_scope = Scope::new_base("global");
+    let scope = Scope::new_base_in("private", source);
+    assert_eq!(scope.source(), source);
+    let child = scope.child("child").unwrap();
+    assert_eq!(child.source(), source, "children inherit the source");
+    assert_eq!(global_scope.source(), MemorySource::global());
+
+    let x = scope.zeros(DType::F32, &[1024]).unwrap(); // 4 KiB
+    let y = child.ones(DType::F32, &[1024]).unwrap();
+    let z = x.add(&y).unwrap(); // the first input's scope and source
+    assert_eq!(z.source(), Some(source));
+    assert_eq!(
+        live(&source),
+        3 * 4096,
+        "x, y and z, all from the private pool"
+    );
+    assert_eq!(scope.tensor_count(), 2);
+    let elsewhere = global_scope.zeros(DType::F32, &[1024]).unwrap();
+    assert_eq!(elsewhere.source(), Some(MemorySource::global()));
+    assert_eq!(
+        live(&source),
+        3 * 4096,
+        "a global scope draws nothing from it"
+    );
+
+    // The private pool's limit applies to the scope, whatever the global pool allows.
+    let err = scope.zeros(DType::U8, &[1 << 20]).unwrap_err();
+    assert!(
+        matches!(err, Error::Alloc(AllocError::OutOfMemory { .. })),
+        "{err}"
+    );
+    assert!(child.zeros(DType::U8, &[1 << 20]).is_err());
+
+    scope.close().unwrap();
+    assert!(child.is_closed());
+    assert!(z.to_vec::<f32>().is_err());
+    assert_eq!(
+        settle(&source),
+        0,
+        "closing returned the pool's live bytes to 0"
+    );
+    assert_eq!(elsewhere.to_vec::<f32>().unwrap(), vec![0.0; 1024]);
+}
+
+#[test]
+fn tensors_placed_in_a_source_keep_it_through_ops_and_copies() {
+    let source = private(None);
+    let t = Tensor::from_slice_in(&source, &[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    assert_eq!(t.source(), Some(source));
+    let doubled = t.mul_scalar(2.0).unwrap();
+    let copy = doubled.copy().unwrap();
+    let detached = copy.detach().unwrap();
+    for u in [&doubled, &copy, &detached] {
+        assert_eq!(u.source(), Some(source));
+    }
+    assert_eq!(detached.to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
+    let global = Tensor::ones(DType::F32, &[3]).unwrap();
+    let mixed = global.add(&t).unwrap();
+    assert_eq!(
+        mixed.source(),
+        Some(MemorySource::global()),
+        "the first input decides"
+    );
+    assert!(live(&source) >= 4 * 12, "four tensors in the private pool");
+    drop((t, doubled, copy, detached));
+    assert_eq!(
+        settle(&source),
+        0,
+        "handle-owned tensors are freed to their pool"
+    );
+}
+
+#[test]
+fn scopes_and_reclamation_return_pool_memory_to_the_baseline() {
+    let source = private(None);
+
+    // Closing a scope frees what it owns once nobody is pinned.
+    let scope = Scope::new_base_in("baseline", source);
+    let batch = scope.child("batch").unwrap();
+    let x = batch.ones(DType::F32, &[256, 256]).unwrap();
+    let y = x.matmul(&x).unwrap().relu().unwrap();
+    assert!(live(&source) >= 3 * 256 * 256 * 4);
+    scope.close().unwrap();
+    assert_eq!(settle(&source), 0, "scope close gave everything back");
+    assert!(y.to_vec::<f32>().is_err());
+
+    // Handle-owned tensors: freed through the epoch when the last handle drops, even
+    // after another thread used them.
+    let t = Tensor::zeros_in(&source, DType::F64, &[1 << 16]).unwrap();
+    let shared = t.clone();
+    std::thread::spawn(move || shared.sum(None).unwrap().scalar().unwrap())
+        .join()
+        .unwrap();
+    assert!(live(&source) >= 8 << 16);
+    drop(t);
+    assert_eq!(settle(&source), 0, "after collect() the pool is back to 0");
+}
 
 #[test]
 fn outputs_belong_to_the_scope_of_their_first_input() {
@@ -157,7 +285,7 @@ fn the_root_cannot_be_closed_and_debug_dump_shows_bytes() {
 
 #[test]
 fn a_scope_closed_while_another_thread_reads_never_shows_freed_memory() {
-    // SEMANTICS 6: one thread closes the scope (freeing the tensor while its handles live)
+    // semantics §6: one thread closes the scope (freeing the tensor while its handles live)
     // while another is inside reads of it; every read either sees the whole tensor or is
     // refused with ScopeClosed. (Pool byte checks: tests/pool_baseline.rs.)
     for round in 0..20 {
@@ -402,4 +530,29 @@ fn children_created_while_the_parent_closes_are_closed_with_it() {
             ));
         }
     }
+}
+
+#[test]
+fn a_view_across_a_close_releases_its_block_to_its_pool_when_it_drops() {
+    let source = private(None);
+    let scope = Scope::new_base_in("viewed-private", source);
+    let t = scope.full(DType::F32, &[1024], 4.0).unwrap();
+    let view = t.view::<f32>().unwrap();
+    scope.close().unwrap();
+    reclaim::collect();
+    assert_eq!(
+        live(&source),
+        4096,
+        "the view holds the block through the close"
+    );
+    assert_eq!(view.sum(), 4096.0);
+    assert!(t.view::<f32>().is_err(), "no new view of a freed block");
+    drop(view);
+    assert_eq!(settle(&source), 0, "the last view handed it to reclamation");
+    drop(t);
+    assert_eq!(
+        settle(&source),
+        0,
+        "and the last handle frees nothing twice"
+    );
 }

@@ -1,5 +1,5 @@
 //! Tensor ops give plain ndarray's results (f32 and f64, broadcasting, transposed inputs),
-//! and shape and dtype mismatches are errors (SEMANTICS 3 for checked access).
+//! and shape and dtype mismatches are errors (semantics §3 for checked access).
 
 use ndarray::{array, Array2, ArrayD, Axis, IxDyn};
 use ndmem::{DType, Error, Tensor};

@@ -1,4 +1,4 @@
-//! The scope-panic matrix of SEMANTICS 3: every misuse of workspace memory is an error
+//! The scope-panic matrix of semantics §3: every misuse of workspace memory is an error
 //! naming the op, the argument and the workspace; the four fixes of ND4J's guide work.
 
 use ndmem::{workspaces, DType, Error, ResetPolicy, Tensor, WorkspaceConfig};
@@ -25,7 +25,7 @@ fn leaked(result: Result<Tensor, Error>, op: &str, arg: &str, ws: &str) {
 
 #[test]
 fn a_tensor_used_after_its_workspace_closed_is_leaked() {
-    // SEMANTICS 3: workspace no longer open -> LeakedWorkspacePointer.
+    // semantics §3: workspace no longer open -> LeakedWorkspacePointer.
     let ws = workspaces();
     let x = {
         let _g = ws.get_and_activate(&cfg(), "LOOP_EXTERNAL").unwrap();
@@ -46,7 +46,7 @@ fn a_tensor_used_after_its_workspace_closed_is_leaked() {
 
 #[test]
 fn a_tensor_from_an_earlier_cycle_is_outdated() {
-    // SEMANTICS 3: open but newer generation -> OutdatedWorkspacePointer.
+    // semantics §3: open but newer generation -> OutdatedWorkspacePointer.
     let ws = workspaces();
     let g1 = ws.get_and_activate(&cfg(), "WS").unwrap();
     let old = Tensor::ones(DType::F64, &[3]).unwrap();
@@ -116,7 +116,7 @@ fn views_and_reshapes_inherit_validity_within_the_cycle_and_lose_it_after() {
 
 #[test]
 fn moving_data_out_checks_the_source_first() {
-    // SEMANTICS 3: the check also runs in detach / leverage / leverage_to / migrate.
+    // semantics §3: the check also runs in detach / leverage / leverage_to / migrate.
     let ws = workspaces();
     let x = {
         let _g = ws.get_and_activate(&cfg(), "MOVE").unwrap();
@@ -275,7 +275,7 @@ fn circular_workspaces_are_exempt_from_the_generation_check() {
 
 #[test]
 fn a_live_view_keeps_its_workspace_from_recycling_the_memory() {
-    // SEMANTICS 3 "never undefined behaviour": a borrowed view pins the cycle's memory.
+    // semantics §3 "never undefined behaviour": a borrowed view pins the cycle's memory.
     let ws = workspaces();
     let cfg = cfg();
     let x = {
@@ -314,7 +314,7 @@ fn a_live_view_keeps_its_workspace_from_recycling_the_memory() {
 
 #[test]
 fn a_circular_tensor_under_a_view_is_never_overwritten_by_later_cycles() {
-    // SEMANTICS 2.4 and 3: the ring never starts a cycle in a slot a live tensor uses, so a
+    // semantics §2.4 and §3: the ring never starts a cycle in a slot a live tensor uses, so a
     // borrowed view of circular memory reads what was written, however many cycles run.
     let ws = workspaces();
     let ring = WorkspaceConfig::builder()
@@ -346,7 +346,7 @@ fn a_circular_tensor_under_a_view_is_never_overwritten_by_later_cycles() {
 
 #[test]
 fn circular_tensors_cross_threads_and_stay_intact_while_the_producer_runs_on() {
-    // SEMANTICS 3: circular workspaces are exempt from WrongThread; SEMANTICS 6: a batch a
+    // semantics §3: circular workspaces are exempt from WrongThread; semantics §6: a batch a
     // consumer holds is not overwritten by the producer's later cycles.
     let (to_consumer, batches) = std::sync::mpsc::sync_channel::<(f64, Tensor)>(4);
     let consumer = std::thread::spawn(move || {
@@ -381,7 +381,7 @@ fn circular_tensors_cross_threads_and_stay_intact_while_the_producer_runs_on() {
 
 #[test]
 fn a_view_that_outlives_its_thread_never_sees_its_memory_reused() {
-    // SEMANTICS 2.2 Decision (workspaces freed at thread exit) against SEMANTICS 3 (never
+    // semantics §2.2 Decision (workspaces freed at thread exit) against semantics §3 (never
     // undefined behaviour): a view kept in a thread-local that is torn down after the
     // workspaces still reads the values it was given, even when the pool is asked for
     // memory before the view reads.

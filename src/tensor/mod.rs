@@ -1,13 +1,16 @@
-//! Tensors whose every access is checked (SEMANTICS 3, 4, 6).
+//! Tensors whose every access is checked (semantics §3, §4, §6).
 //!
-//! Invariant: a [`Tensor`] reaches its bytes only through its storage's checked read, so a
+//! Invariant: a [`Tensor`] reaches its bytes only through its memory's checked read, so a
 //! tensor from a left, outdated or destroyed workspace, another thread's workspace, or a
 //! closed scope yields an [`Error`] before any byte is touched. Views (`transpose`,
 //! `reshape`, `broadcast_to`) share their base's storage and so its validity.
 //!
 //! Kernels are ndarray's, run over views of ndmem memory; ndmem only decides where outputs
-//! live: the current workspace, else the first input's scope, else a pool block owned by
-//! the handles and freed through epoch reclamation when the last handle drops.
+//! live: the current workspace, else the first input's scope and memory source, else a
+//! pool block owned by the handles and freed through epoch reclamation when the last
+//! handle drops. This module calls down into [`crate::memory`] (homes, owners, sources),
+//! [`crate::workspace`] and [`crate::reclaim`]; of scopes it sees only their ownership
+//! records, never the `Scope` handle.
 
 mod dtype;
 mod ops;
@@ -20,9 +23,11 @@ use ndarray::{ArrayViewD, ArrayViewMutD, IxDyn, ShapeBuilder};
 pub use dtype::{DType, Element, Float};
 
 use crate::error::{Error, Result};
+use crate::memory::home::ViewHold;
+use crate::memory::owner::{Owned, Owner};
+use crate::memory::MemorySource;
 use crate::reclaim::{self, Pin};
-use crate::scope::ScopeShared;
-use storage::{NewStorage, Placement, Storage};
+use storage::{NewStorage, Placement};
 
 /// Dispatches on a [`DType`], binding the matching Rust type to `$t` inside `$body`.
 macro_rules! with_dtype {
@@ -68,7 +73,7 @@ pub(crate) use with_dtype;
 /// ```
 #[derive(Clone)]
 pub struct Tensor {
-    storage: Arc<Storage>,
+    storage: Arc<Owned>,
     dtype: DType,
     shape: Vec<usize>,
     /// Strides in elements (never negative; 0 for broadcast axes).
@@ -98,7 +103,7 @@ pub struct Tensor {
 /// ```
 pub struct TensorView<'a, T> {
     view: ArrayViewD<'a, T>,
-    _hold: storage::ViewHold<'a>,
+    _hold: ViewHold<'a>,
     /// Not `Send` or `Sync`: a workspace view's pin belongs to the workspace's thread.
     _thread: std::marker::PhantomData<*const ()>,
 }
@@ -229,29 +234,79 @@ impl Tensor {
         Self::from_slice(&data, shape)
     }
 
-    pub(crate) fn zeros_in_scope(
-        dtype: DType,
-        shape: &[usize],
-        scope: &Arc<ScopeShared>,
-    ) -> Result<Tensor> {
-        Self::full_placed("zeros", dtype, shape, 0.0, Placement::Scope(scope))
+    /// A tensor of zeros in pool memory from `source`, owned by its handles, whatever
+    /// workspace is current (like [`Tensor::detach`]).
+    ///
+    /// ```
+    /// use ndmem::alloc::{Limits, Pool};
+    /// use ndmem::{DType, MemorySource, Tensor};
+    ///
+    /// let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    /// let t = Tensor::zeros_in(&source, DType::F32, &[256])?;
+    /// assert_eq!(source.pool().stats().live_bytes, 1024);
+    /// let u = t.add_scalar(1.0)?;                  // outputs follow their first input
+    /// assert_eq!(u.source(), Some(source));
+    /// assert!(Tensor::zeros_in(&source, DType::F32, &[1 << 20]).is_err()); // its limit
+    /// # Ok::<(), ndmem::Error>(())
+    /// ```
+    pub fn zeros_in(source: &MemorySource, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Self::full_in(source, dtype, shape, 0.0)
     }
 
-    pub(crate) fn full_in_scope(
+    /// A tensor of `value`s in pool memory from `source` (see [`Tensor::zeros_in`]).
+    pub fn full_in(
+        source: &MemorySource,
         dtype: DType,
         shape: &[usize],
         value: f64,
-        scope: &Arc<ScopeShared>,
     ) -> Result<Tensor> {
-        Self::full_placed("full", dtype, shape, value, Placement::Scope(scope))
+        let placement = Placement::Pool {
+            source: *source,
+            owner: None,
+        };
+        Self::full_placed("full", dtype, shape, value, placement)
     }
 
-    pub(crate) fn from_slice_in_scope<T: Element>(
+    /// A tensor copied from `data`, in pool memory from `source` (see
+    /// [`Tensor::zeros_in`]).
+    pub fn from_slice_in<T: Element>(
+        source: &MemorySource,
         data: &[T],
         shape: &[usize],
-        scope: &Arc<ScopeShared>,
     ) -> Result<Tensor> {
-        Self::from_slice_placed(data, shape, Placement::Scope(scope))
+        let placement = Placement::Pool {
+            source: *source,
+            owner: None,
+        };
+        Self::from_slice_placed(data, shape, placement)
+    }
+
+    /// A tensor of `value`s owned by `owner`, in its source's pool memory.
+    pub(crate) fn full_owned(
+        op: &str,
+        dtype: DType,
+        shape: &[usize],
+        value: f64,
+        owner: &Arc<Owner>,
+    ) -> Result<Tensor> {
+        let placement = Placement::Pool {
+            source: owner.source(),
+            owner: Some(owner),
+        };
+        Self::full_placed(op, dtype, shape, value, placement)
+    }
+
+    /// A tensor copied from `data`, owned by `owner`, in its source's pool memory.
+    pub(crate) fn from_slice_owned<T: Element>(
+        data: &[T],
+        shape: &[usize],
+        owner: &Arc<Owner>,
+    ) -> Result<Tensor> {
+        let placement = Placement::Pool {
+            source: owner.source(),
+            owner: Some(owner),
+        };
+        Self::from_slice_placed(data, shape, placement)
     }
 
     fn full_placed(
@@ -305,7 +360,7 @@ impl Tensor {
         let mut storage =
             NewStorage::allocate(op, bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
         {
-            let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut());
+            let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut(op)?);
             let view = ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n]).map_err(|e| {
                 Error::Shape {
                     op: op.into(),
@@ -355,7 +410,12 @@ impl Tensor {
         self.storage.stamp().map(|s| s.workspace_id())
     }
 
-    /// Whether the tensor may be used now from this thread (SEMANTICS 3, 4). This is the
+    /// The memory source of a pool-backed tensor (`None` for workspace memory).
+    pub fn source(&self) -> Option<MemorySource> {
+        self.storage.source()
+    }
+
+    /// Whether the tensor may be used now from this thread (semantics §3, §4). This is the
     /// check every op runs on each argument: one atomic load (plus a thread-token compare
     /// for workspace memory).
     #[inline]
@@ -363,7 +423,8 @@ impl Tensor {
         self.storage.is_live()
     }
 
-    pub(crate) fn storage(&self) -> &Arc<Storage> {
+    /// The memory and its ownership record (for scopes).
+    pub(crate) fn storage(&self) -> &Arc<Owned> {
         &self.storage
     }
 
@@ -449,11 +510,15 @@ impl Tensor {
         })
     }
 
-    // ---- moving data out (SEMANTICS 3) ------------------------------------------
+    // ---- moving data out (semantics §3) ------------------------------------------
 
     /// A copy in pool memory owned by the returned handle: valid forever (ND4J `detach`).
     pub fn detach(&self) -> Result<Tensor> {
-        self.copy_to("detach", Placement::Detached)
+        let placement = Placement::Pool {
+            source: self.pool_source(),
+            owner: None,
+        };
+        self.copy_to("detach", placement)
     }
 
     /// A copy in the parent of the current workspace, or detached if there is none;
@@ -467,7 +532,7 @@ impl Tensor {
                 return Ok(self.clone());
             }
         }
-        self.copy_to("leverage", Placement::ParentWorkspace)
+        self.copy_to("leverage", Placement::ParentWorkspace(self.pool_source()))
     }
 
     /// A copy in the open workspace `id` of this thread (ND4J `leverageTo`); unchanged if
@@ -482,12 +547,18 @@ impl Tensor {
 
     /// A copy in the current workspace, or detached if none is current (ND4J `migrate`).
     pub fn migrate(&self) -> Result<Tensor> {
-        self.copy_to("migrate", Placement::CurrentWorkspace)
+        self.copy_to("migrate", Placement::CurrentWorkspace(self.pool_source()))
     }
 
     /// A contiguous copy placed by the allocation flow (ND4J `dup`).
     pub fn copy(&self) -> Result<Tensor> {
         self.copy_to("copy", Placement::Auto(Some(&self.storage)))
+    }
+
+    /// Where pool copies of this tensor go: its own source, or the global pool for
+    /// workspace memory.
+    fn pool_source(&self) -> MemorySource {
+        self.storage.source().unwrap_or_default()
     }
 
     /// A contiguous copy where `placement` says; the read checks the tensor (once).

@@ -2,8 +2,8 @@
 //! `general_mat_mul`; integer matmul and sums wrap, so they fold with wrapping arithmetic).
 //!
 //! Invariant: every op checks each input (by taking its checked view) and writes only into
-//! a fresh output, placed by the allocation flow with the first input's scope; no op
-//! mutates an input. Argument names follow ND4J's messages: `X`, `Y`.
+//! a fresh output, placed by the allocation flow with the first input's scope and memory
+//! source; no op mutates an input. Argument names follow ND4J's messages: `X`, `Y`.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
@@ -12,6 +12,7 @@ use super::dtype::sealed::Sealed;
 use super::storage::Placement;
 use super::{contiguous_strides, element_count, with_dtype, DType, Element, Float, Tensor};
 use crate::error::{Error, Result};
+use crate::memory::owner::Owned;
 use crate::reclaim;
 
 /// The shape two shapes broadcast to (NumPy rules), or a shape error naming both.
@@ -495,7 +496,7 @@ impl Tensor {
         let source = src.array::<T>(op, "Y", &pin)?;
         // `src` cannot alias: a second handle to this memory makes the write below refuse.
         let (shape, strides, offset) = (self.shape.clone(), self.strides.clone(), self.offset);
-        let bytes = super::storage::Storage::write_exclusive(&mut self.storage, op, &pin)?;
+        let bytes = Owned::write_exclusive(&mut self.storage, op, &pin)?;
         let data: &mut [T] = bytemuck::cast_slice_mut(bytes);
         let layout = ndarray::IxDyn(&shape).strides(ndarray::IxDyn(&strides));
         let mut dest =

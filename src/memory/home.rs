@@ -1,0 +1,324 @@
+//! Where a tensor's bytes live, and the checked ways to touch them.
+//!
+//! A [`Home`] is a workspace slot (bump memory, valid while its stamp says so) or a pool
+//! block (valid until its owner frees it). A device variant joins this enum with the
+//! device layer; nothing above it needs to change for that.
+//!
+//! Invariant: the bytes of a home are reachable only through [`Home::read`] (under an
+//! epoch pin), [`Home::hold_for_view`] (under a view count or a workspace view pin),
+//! [`Home::write_unshared`] (for the only tensor handle, under a pin) and
+//! [`Home::bytes_mut`] (before the home is shared), each of which first runs the validity
+//! check of semantics §3 and §4 (the workspace stamp, or the block's freed bit). A freed
+//! block goes to [`crate::reclaim`] only once no view holds it ([`Handoff`] decides who
+//! frees it, once), so a reader that passed the check keeps the memory until it unpins or
+//! drops its view. This module and the workspace arena are the only places in the `ndmem`
+//! crate that turn raw memory pointers into slices.
+
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::{Mutex, PoisonError};
+
+use ndmem_alloc::Block;
+
+use crate::error::Error;
+use crate::memory::handoff::{Handoff, ViewEntry};
+use crate::memory::MemorySource;
+use crate::reclaim::{self, Pin};
+use crate::workspace::{Stamp, ViewPin, WorkspaceMemory};
+
+/// Where one tensor's bytes live (views of a tensor share its home).
+pub(crate) enum Home {
+    /// Bump-allocated in a workspace; valid while its stamp says so.
+    Workspace(WorkspaceSlot),
+    /// A pool block, valid until its owner frees it.
+    Pool(PoolBlock),
+}
+
+/// Bytes in a workspace cycle.
+pub(crate) struct WorkspaceSlot {
+    ptr: NonNull<u8>,
+    len: usize,
+    stamp: Stamp,
+}
+
+/// Bytes in a pool block.
+pub(crate) struct PoolBlock {
+    ptr: NonNull<u8>,
+    len: usize,
+    source: MemorySource,
+    /// The freed bit and the view count: who frees the block, and when.
+    handoff: Handoff,
+    /// Taken (once, by the party the hand-off names) when the block is released.
+    block: Mutex<Option<Block<'static>>>,
+}
+
+// SAFETY: the pointer is into workspace memory whose cross-thread use the stamp refuses
+// (only circular workspaces hand memory across threads: their stamps keep the ring alive
+// and hold a counted reference to the slot, which the ring never reuses while it is held).
+unsafe impl Send for WorkspaceSlot {}
+// SAFETY: shared access only reads, through `Home::read` or a view, after the stamp check.
+unsafe impl Sync for WorkspaceSlot {}
+// SAFETY: the pointer is into the block this value owns (`Block` is Send + Sync).
+unsafe impl Send for PoolBlock {}
+// SAFETY: shared access only reads, after the freed check; writes need `&mut` or the
+// caller's proof that no other reader exists (`Home::write_unshared`).
+unsafe impl Sync for PoolBlock {}
+
+impl Home {
+    /// `len` bytes of workspace memory (`memory.len` may be smaller only for a zero-size
+    /// request; the workspace padded it to at least `len`).
+    pub(crate) fn workspace(memory: WorkspaceMemory, len: usize) -> Home {
+        Home::Workspace(WorkspaceSlot {
+            ptr: memory.ptr,
+            len,
+            stamp: memory.stamp,
+        })
+    }
+
+    /// The first `len` bytes of `block`, drawn from `source`.
+    pub(crate) fn pool(block: Block<'static>, len: usize, source: MemorySource) -> Home {
+        debug_assert!(len <= block.len());
+        Home::Pool(PoolBlock {
+            ptr: block.ptr(),
+            len,
+            source,
+            handoff: Handoff::new(),
+            block: Mutex::new(Some(block)),
+        })
+    }
+
+    /// Bytes of the home.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Home::Workspace(slot) => slot.len,
+            Home::Pool(block) => block.len,
+        }
+    }
+
+    /// Semantics §3 and §4: may these bytes be used now, from this thread? One atomic
+    /// load (and a thread-token compare for workspace memory).
+    #[inline(always)]
+    pub(crate) fn is_live(&self) -> bool {
+        match self {
+            Home::Workspace(slot) => slot.stamp.is_valid(),
+            Home::Pool(block) => !block.handoff.is_freed(),
+        }
+    }
+
+    /// Whether its owner freed this (pool) memory.
+    pub(crate) fn is_freed(&self) -> bool {
+        match self {
+            Home::Pool(block) => block.handoff.is_freed(),
+            Home::Workspace(_) => false,
+        }
+    }
+
+    /// The workspace stamp, for workspace memory.
+    pub(crate) fn stamp(&self) -> Option<&Stamp> {
+        match self {
+            Home::Workspace(slot) => Some(&slot.stamp),
+            Home::Pool(_) => None,
+        }
+    }
+
+    /// The source a pool block was drawn from.
+    pub(crate) fn source(&self) -> Option<MemorySource> {
+        match self {
+            Home::Pool(block) => Some(block.source),
+            Home::Workspace(_) => None,
+        }
+    }
+
+    /// Why the bytes may not be used (when [`Home::is_live`] is false): the stamp's error
+    /// for workspace memory, [`Error::ScopeClosed`] naming `owner()` for a freed block.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refusal(&self, op: &str, arg: &str, owner: impl FnOnce() -> String) -> Error {
+        match self {
+            Home::Workspace(slot) => {
+                slot.stamp
+                    .check(op, arg)
+                    .err()
+                    .unwrap_or_else(|| Error::LeakedWorkspacePointer {
+                        op: op.into(),
+                        arg: arg.into(),
+                        workspace: slot.stamp.workspace_id().into(),
+                    })
+            }
+            Home::Pool(_) => Error::ScopeClosed {
+                op: op.into(),
+                arg: arg.into(),
+                scope: owner(),
+            },
+        }
+    }
+
+    fn raw(&self) -> (NonNull<u8>, usize) {
+        match self {
+            Home::Workspace(slot) => (slot.ptr, slot.len),
+            Home::Pool(block) => (block.ptr, block.len),
+        }
+    }
+
+    /// The bytes, writable, if live: `&mut` proves the home is not shared yet (a fresh
+    /// output being filled), so nobody else can read them.
+    pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        if !self.is_live() {
+            return None;
+        }
+        let (ptr, len) = self.raw();
+        // SAFETY: the memory is live (checked above) and `len` bytes long (a workspace
+        // bump or a pool block of at least `len` bytes, both initialised memory); `&mut
+        // self` excludes every other access through this home, the only one to the bytes.
+        Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
+    }
+
+    /// The bytes, if live, for as long as `pin` holds the epoch.
+    #[inline]
+    pub(crate) fn read<'a>(&'a self, _pin: &'a Pin) -> Option<&'a [u8]> {
+        if !self.is_live() {
+            return None;
+        }
+        let (ptr, len) = self.raw();
+        // SAFETY: the check passed, so the memory is live: a pool block not yet handed to
+        // reclamation (and `_pin` keeps a block handed over after the check alive until the
+        // borrow ends), or workspace memory of the current generation on its owner thread
+        // (or a circular workspace, whose stamp keeps the ring alive and its slot out of
+        // the ring's reuse, so no cycle writes the bytes while we read). Shared homes are
+        // written only through `write_unshared`, whose caller proves no reader exists.
+        Some(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) })
+    }
+
+    /// The bytes, writable, if live, for as long as `pin` holds the epoch.
+    ///
+    /// # Safety
+    /// For as long as the returned borrow lives, nothing else reads or writes these bytes
+    /// through any other reference to this home (the caller holds the only tensor handle;
+    /// references that never touch the bytes, such as scopes', may exist).
+    // `&mut` from `&self`: the exclusivity is the caller's to prove (the contract above).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn write_unshared<'a>(&'a self, _pin: &'a Pin) -> Option<&'a mut [u8]> {
+        if !self.is_live() {
+            return None;
+        }
+        let (ptr, len) = self.raw();
+        // SAFETY: the memory is live (see `read`); the caller guarantees no other access
+        // for the borrow's life; if the owner frees the block concurrently, `_pin` keeps it
+        // allocated until this borrow, bound to it, ends.
+        Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
+    }
+
+    /// The bytes for a borrowed view, if live, kept from being freed until the returned
+    /// hold drops, without an epoch pin (so a long-lived view stalls no reclamation): a
+    /// pool block by its view count, workspace memory by the workspace's view pin.
+    pub(crate) fn hold_for_view(&self) -> Option<(ViewHold<'_>, &[u8])> {
+        let hold = match self {
+            Home::Pool(block) => match block.handoff.enter_view() {
+                ViewEntry::Granted => ViewHold::Pool(block),
+                ViewEntry::Refused { free_now } => {
+                    if free_now {
+                        block.release();
+                    }
+                    return None;
+                }
+            },
+            Home::Workspace(slot) => {
+                if !slot.stamp.is_valid() {
+                    return None;
+                }
+                ViewHold::Workspace(slot.stamp.pin_view())
+            }
+        };
+        let (ptr, len) = self.raw();
+        // SAFETY: the memory is live and stays so while `hold` lives, which the caller
+        // keeps with the slice: a granted view keeps a pool block from being released (the
+        // hand-off answers "free now" to nobody while it is counted), and workspace memory
+        // passed the stamp check on its owner thread and the view pin stops new cycles and
+        // destroys. Shared homes are written only through `write_unshared`, whose caller
+        // holds the only handle, and a view borrows one.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) };
+        Some((hold, bytes))
+    }
+
+    /// The owner frees the memory: later checks fail; readers pinned before keep it until
+    /// they unpin, and live views until the last of them drops. Workspace memory belongs
+    /// to its workspace and is left alone.
+    pub(crate) fn free(&self) {
+        if let Home::Pool(block) = self {
+            if block.handoff.free() {
+                block.release();
+            }
+        }
+    }
+}
+
+impl PoolBlock {
+    /// Hands the block to epoch reclamation (the hand-off named this caller, once).
+    fn release(&self) {
+        let taken = self
+            .block
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(block) = taken {
+            reclaim::defer_free(block);
+        }
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        if let Home::Pool(block) = self {
+            // No view is alive: views borrow a handle, and this is the last reference.
+            if block.handoff.last_reference_dropped() {
+                block.release();
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Home {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Home::Workspace(slot) => f
+                .debug_struct("Workspace")
+                .field("workspace", &slot.stamp.workspace_id())
+                .field("len", &slot.len)
+                .field("live", &self.is_live())
+                .finish(),
+            Home::Pool(block) => f
+                .debug_struct("Pool")
+                .field("source", &block.source)
+                .field("len", &block.len)
+                .field("freed", &block.handoff.is_freed())
+                .finish(),
+        }
+    }
+}
+
+/// Keeps a home's memory alive for a borrowed view (see [`Home::hold_for_view`]).
+pub(crate) enum ViewHold<'a> {
+    Pool(&'a PoolBlock),
+    Workspace(#[allow(dead_code)] ViewPin),
+}
+
+impl Drop for ViewHold<'_> {
+    fn drop(&mut self) {
+        if let ViewHold::Pool(block) = self {
+            if block.handoff.leave_view() {
+                block.release();
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ViewHold<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ViewHold::Pool(_) => "ViewHold::Pool",
+            ViewHold::Workspace(_) => "ViewHold::Workspace",
+        })
+    }
+}

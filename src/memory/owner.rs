@@ -1,0 +1,660 @@
+//! Ownership records: which scope owns a tensor's memory, and what each scope holds.
+//!
+//! An [`Owned`] is a tensor's memory ([`Home`]) with its ownership record (the owning
+//! [`Owner`], if any, and how many references owners hold). An [`Owner`] is the record of
+//! one scope (semantics §4): its name, source, parent, children, capped and closed state,
+//! what it owns and what it borrowed (and whom to give each back to). Both know nothing of
+//! tensors or scope handles; `crate::tensor` and `crate::scope` are built on them.
+//!
+//! Invariant: a pool-backed memory is owned by exactly one thing, its handles or one open
+//! owner, and that owner is recorded on both sides (the owner's list and the memory's
+//! owner field) under one process-wide ownership lock, so transfers never lose or double a
+//! tensor. Closing an owner closes its children, then frees what it owns (through the
+//! home's hand-off and epoch reclamation, so concurrent readers finish first) and gives
+//! borrowed memory back.
+
+#![allow(unsafe_code)]
+
+use std::fmt::{self, Write as _};
+use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+
+use crate::error::{Error, Result};
+use crate::memory::home::{Home, ViewHold};
+use crate::memory::MemorySource;
+use crate::reclaim::Pin;
+use crate::workspace::Stamp;
+
+const CAPPED: u8 = 1;
+const CLOSED: u8 = 2;
+
+/// Serialises every ownership transfer (adopt, attach, detach, ret, borrow, close).
+static OWNERSHIP: Mutex<()> = Mutex::new(());
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static ROOT: OnceLock<Arc<Owner>> = OnceLock::new();
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it (the data are
+/// plain ownership records, consistent at every await point).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Takes the process-wide ownership lock (every transfer, and the exact handle count of
+/// [`Owned::write_exclusive`], run under it).
+fn ownership_lock() -> MutexGuard<'static, ()> {
+    lock(&OWNERSHIP)
+}
+
+/// A tensor's memory and its ownership record (views of a tensor share one).
+pub(crate) struct Owned {
+    home: Home,
+    /// References owners hold (in their owned or borrowed lists); changed only under the
+    /// ownership lock. `Arc::strong_count` minus this is the number of tensor handles.
+    owner_refs: AtomicUsize,
+    /// The owner; `None`: the handles own it. Always `None` for workspace memory.
+    owner: Mutex<Option<Arc<Owner>>>,
+}
+
+impl Owned {
+    /// Memory owned by its handles.
+    pub(crate) fn new(home: Home) -> Owned {
+        Owned {
+            home,
+            owner_refs: AtomicUsize::new(0),
+            owner: Mutex::new(None),
+        }
+    }
+
+    /// Where the bytes live, exclusively: the memory is not shared yet.
+    pub(crate) fn home_mut(&mut self) -> &mut Home {
+        &mut self.home
+    }
+
+    /// Bytes of the memory.
+    pub(crate) fn len(&self) -> usize {
+        self.home.len()
+    }
+
+    /// The validity check (semantics §3, §4): one atomic load, plus a thread-token compare
+    /// for workspace memory.
+    #[inline(always)]
+    pub(crate) fn is_live(&self) -> bool {
+        self.home.is_live()
+    }
+
+    /// [`Owned::is_live`], with the error naming `op`, `arg` and the owner when not.
+    #[inline]
+    pub(crate) fn check(&self, op: &str, arg: &str) -> Result<()> {
+        if self.is_live() {
+            Ok(())
+        } else {
+            Err(self.refusal(op, arg))
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refusal(&self, op: &str, arg: &str) -> Error {
+        self.home.refusal(op, arg, || self.owner_name())
+    }
+
+    fn owner_name(&self) -> String {
+        self.owner()
+            .map_or_else(|| "?".into(), |owner| owner.name.clone())
+    }
+
+    /// The bytes, after the validity check, for as long as `pin` holds the epoch.
+    #[inline]
+    pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, pin: &'a Pin) -> Result<&'a [u8]> {
+        match self.home.read(pin) {
+            Some(bytes) => Ok(bytes),
+            None => Err(self.refusal(op, arg)),
+        }
+    }
+
+    /// The bytes for a borrowed view, checked, kept alive until the hold drops.
+    pub(crate) fn hold_for_view(&self, op: &str, arg: &str) -> Result<(ViewHold<'_>, &[u8])> {
+        self.home
+            .hold_for_view()
+            .ok_or_else(|| self.refusal(op, arg))
+    }
+
+    /// The bytes, writable, after the validity check, if `this` is the only tensor handle
+    /// to the memory; otherwise [`Error::SharedTensor`]. Owners' references are counted
+    /// exactly (`owner_refs`, read under the ownership lock, which every change to it
+    /// holds) and never read or write data, so they do not count as handles.
+    pub(crate) fn write_exclusive<'a>(
+        this: &'a mut Arc<Owned>,
+        op: &str,
+        pin: &'a Pin,
+    ) -> Result<&'a mut [u8]> {
+        this.check(op, "X")?;
+        if Arc::strong_count(this) != 1 {
+            // Other references: owners' or other handles'. Nothing can add a handle while
+            // we hold `&mut` to this one (a clone needs another handle, and owners never
+            // hand theirs out), and owner references change only under this lock.
+            let _transfer = ownership_lock();
+            let handles = Arc::strong_count(this) - this.owner_refs.load(Ordering::Acquire);
+            if handles != 1 {
+                return Err(Error::SharedTensor {
+                    op: op.into(),
+                    others: handles.saturating_sub(1),
+                });
+            }
+        }
+        // Other handles may have been dropped just now by threads that read the bytes: the
+        // fence orders their reads (released by the drop) before our writes, as
+        // `Arc::get_mut` does after reading the counts.
+        fence(Ordering::Acquire);
+        let this: &'a Owned = this;
+        // SAFETY: no other tensor handle exists (counted above), and `&mut` to the only
+        // tensor-side `Arc` for `'a` excludes every other reader or writer, including
+        // views, which borrow a handle. Owners' references never touch the bytes.
+        let bytes = unsafe { this.home.write_unshared(pin) };
+        bytes.ok_or_else(|| this.refusal(op, "X"))
+    }
+
+    /// Whether its closed owner freed this memory.
+    pub(crate) fn is_freed(&self) -> bool {
+        self.home.is_freed()
+    }
+
+    /// The workspace stamp, for workspace memory.
+    pub(crate) fn stamp(&self) -> Option<&Stamp> {
+        self.home.stamp()
+    }
+
+    /// The source of pool memory.
+    pub(crate) fn source(&self) -> Option<MemorySource> {
+        self.home.source()
+    }
+
+    /// The owner, if an owner (not the handles) owns this memory.
+    pub(crate) fn owner(&self) -> Option<Arc<Owner>> {
+        lock(&self.owner).clone()
+    }
+
+    /// Records `owner` (the caller holds the ownership lock); returns the previous one.
+    /// Workspace memory cannot be owned by a scope.
+    fn set_owner(&self, owner: Option<Arc<Owner>>) -> Result<Option<Arc<Owner>>> {
+        if let Some(stamp) = self.home.stamp() {
+            return Err(Error::Scope {
+                scope: owner.map_or_else(|| "?".into(), |o| o.name.clone()),
+                message: format!(
+                    "a tensor of workspace [{}] belongs to its workspace; detach() it first",
+                    stamp.workspace_id()
+                ),
+            });
+        }
+        Ok(std::mem::replace(&mut *lock(&self.owner), owner))
+    }
+
+    /// [`Error::ScopeClosed`] if this memory was freed by its closed owner.
+    fn check_not_freed(&self, op: &str) -> Result<()> {
+        if self.is_freed() {
+            return Err(self.refusal(op, "X"));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Owned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Owned")
+            .field("home", &self.home)
+            .field("owner", &self.owner().map(|o| o.name.clone()))
+            .finish()
+    }
+}
+
+/// An owner's reference to memory. Counted on the memory while it exists, so that
+/// `Arc::strong_count` minus the owner references is exactly the number of tensor handles.
+struct Held(Arc<Owned>);
+
+impl Held {
+    fn new(owned: &Arc<Owned>) -> Held {
+        let held = Held(owned.clone());
+        owned.owner_refs.fetch_add(1, Ordering::AcqRel);
+        held
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.owner_refs.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Whom to give borrowed memory back to when the borrowing owner closes.
+enum Origin {
+    /// Its handles owned it.
+    Handles,
+    /// This owner owned it.
+    Owned(Arc<Owner>),
+    /// This owner had borrowed it in turn, from `Origin`.
+    Borrowed(Arc<Owner>, Box<Origin>),
+}
+
+/// Memory taken out of an owner's lists, with what is needed to put it back.
+enum Entry {
+    Owned(Held),
+    Borrowed(Held, Origin),
+}
+
+/// The ownership record of one scope.
+pub(crate) struct Owner {
+    name: String,
+    id: u64,
+    parent: Option<Arc<Owner>>,
+    source: MemorySource,
+    flags: AtomicU8,
+    inner: Mutex<Lists>,
+}
+
+#[derive(Default)]
+struct Lists {
+    owned: Vec<Held>,
+    /// Borrowed memory and whom to give each back to.
+    borrowed: Vec<(Held, Origin)>,
+    children: Vec<Weak<Owner>>,
+}
+
+impl Owner {
+    fn new(name: &str, parent: Option<Arc<Owner>>, source: MemorySource) -> Arc<Owner> {
+        let owner = Arc::new(Owner {
+            name: name.to_string(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            parent: parent.clone(),
+            source,
+            flags: AtomicU8::new(0),
+            inner: Mutex::new(Lists::default()),
+        });
+        if let Some(parent) = parent {
+            lock(&parent.inner).children.push(Arc::downgrade(&owner));
+        }
+        owner
+    }
+
+    /// The process-wide root (global source); it cannot be closed.
+    pub(crate) fn root() -> &'static Arc<Owner> {
+        ROOT.get_or_init(|| Owner::new("root", None, MemorySource::global()))
+    }
+
+    /// A new owner directly under the root, drawing from `source`.
+    pub(crate) fn new_base(name: &str, source: MemorySource) -> Arc<Owner> {
+        Owner::new(name, Some(Owner::root().clone()), source)
+    }
+
+    /// A new owner under this one, with its source. A closed (or concurrently closing)
+    /// parent gives [`Error::ScopeClosed`], never an open child under a closed parent.
+    pub(crate) fn child(self: &Arc<Self>, name: &str) -> Result<Arc<Owner>> {
+        let _transfer = ownership_lock();
+        if self.is_closed() {
+            return Err(self.closed("child", "X"));
+        }
+        Ok(Owner::new(name, Some(self.clone()), self.source))
+    }
+
+    /// The scope's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where this owner's new memory comes from.
+    pub(crate) fn source(&self) -> MemorySource {
+        self.source
+    }
+
+    /// Whether this is the root (no parent).
+    pub(crate) fn is_root(&self) -> bool {
+        self.parent.is_none()
+    }
+
+    /// Whether the owner has been closed (directly or through a parent).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// [`Error::ScopeClosed`] for `op`'s `arg` and this owner.
+    fn closed(&self, op: &str, arg: &str) -> Error {
+        Error::ScopeClosed {
+            op: op.into(),
+            arg: arg.into(),
+            scope: self.name.clone(),
+        }
+    }
+
+    fn not_owned(&self, what: &str) -> Error {
+        Error::Scope {
+            scope: self.name.clone(),
+            message: format!("cannot {what} a tensor this scope does not own"),
+        }
+    }
+
+    /// Errors if nothing may be attached: the owner is closed ([`Error::ScopeClosed`] for
+    /// `op`'s `arg`) or capped ([`Error::ScopeCapped`]).
+    pub(crate) fn check_attachable(&self, op: &str, arg: &str) -> Result<()> {
+        let flags = self.flags.load(Ordering::Acquire);
+        if flags & CLOSED != 0 {
+            return Err(self.closed(op, arg));
+        }
+        if flags & CAPPED != 0 {
+            return Err(Error::ScopeCapped {
+                scope: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes ownership of new memory (an op's output, `op`'s `Z`).
+    pub(crate) fn adopt(self: &Arc<Self>, op: &str, owned: &Arc<Owned>) -> Result<()> {
+        let _transfer = ownership_lock();
+        self.take(op, "Z", owned)
+    }
+
+    /// Records `owned` as owned (ownership lock held): checks, then both sides.
+    fn take(self: &Arc<Self>, op: &str, arg: &str, owned: &Arc<Owned>) -> Result<()> {
+        self.check_attachable(op, arg)?;
+        owned.set_owner(Some(self.clone()))?;
+        lock(&self.inner).owned.push(Held::new(owned));
+        Ok(())
+    }
+
+    /// Removes `owned` from the owned or the borrowed list (ownership lock held).
+    fn release(&self, owned: &Arc<Owned>) -> Option<Entry> {
+        let mut inner = lock(&self.inner);
+        if let Some(i) = inner.owned.iter().position(|h| Arc::ptr_eq(&h.0, owned)) {
+            return Some(Entry::Owned(inner.owned.swap_remove(i)));
+        }
+        let i = inner
+            .borrowed
+            .iter()
+            .position(|(h, _)| Arc::ptr_eq(&h.0, owned))?;
+        let (held, origin) = inner.borrowed.swap_remove(i);
+        Some(Entry::Borrowed(held, origin))
+    }
+
+    /// Puts back what [`Owner::release`] took out, and the owner field with it
+    /// (ownership lock held).
+    fn restore(self: &Arc<Self>, entry: Entry) {
+        let mut inner = lock(&self.inner);
+        let owned = match entry {
+            Entry::Owned(held) => {
+                let owned = held.0.clone();
+                inner.owned.push(held);
+                owned
+            }
+            Entry::Borrowed(held, origin) => {
+                let owned = held.0.clone();
+                inner.borrowed.push((held, origin));
+                owned
+            }
+        };
+        drop(inner);
+        // Cannot fail: only pool memory enters an owner's lists.
+        let _ = owned.set_owner(Some(self.clone()));
+    }
+
+    /// Whether this owner's lists hold `owned` (ownership lock held).
+    fn holds(&self, owned: &Arc<Owned>) -> bool {
+        let inner = lock(&self.inner);
+        inner.owned.iter().any(|h| Arc::ptr_eq(&h.0, owned))
+            || inner.borrowed.iter().any(|(h, _)| Arc::ptr_eq(&h.0, owned))
+    }
+
+    /// Makes this owner the owner of `owned` (from its handles or another owner; memory
+    /// this owner borrowed becomes its own for good).
+    pub(crate) fn attach(self: &Arc<Self>, owned: &Arc<Owned>) -> Result<()> {
+        let _transfer = ownership_lock();
+        owned.check_not_freed("attach")?;
+        self.check_attachable("attach", "X")?;
+        let previous = owned.owner();
+        if let Some(previous) = &previous {
+            if Arc::ptr_eq(previous, self) {
+                match self.release(owned) {
+                    Some(Entry::Borrowed(held, _)) | Some(Entry::Owned(held)) => {
+                        lock(&self.inner).owned.push(held);
+                    }
+                    None => self.take("attach", "X", owned)?,
+                }
+                return Ok(());
+            }
+        }
+        self.take("attach", "X", owned)?;
+        if let Some(previous) = previous {
+            drop(previous.release(owned));
+        }
+        Ok(())
+    }
+
+    /// Hands `owned` from this owner to its handles (borrowed memory included: neither
+    /// this owner nor the one it was borrowed from owns it afterwards).
+    pub(crate) fn detach(&self, owned: &Arc<Owned>) -> Result<()> {
+        let _transfer = ownership_lock();
+        if self.is_closed() {
+            return Err(self.closed("detach", "X"));
+        }
+        let entry = self
+            .release(owned)
+            .ok_or_else(|| self.not_owned("detach"))?;
+        drop(entry);
+        owned.set_owner(None)?;
+        Ok(())
+    }
+
+    /// Borrows every memory in `all` until this owner closes (see `Scope::temp_attach_all`);
+    /// all or nothing.
+    pub(crate) fn borrow_all(self: &Arc<Self>, all: &[&Arc<Owned>]) -> Result<()> {
+        let _transfer = ownership_lock();
+        self.check_attachable("temp_attach_all", "X")?;
+        let mut unique: Vec<&Arc<Owned>> = Vec::with_capacity(all.len());
+        for owned in all {
+            owned.check_not_freed("temp_attach_all")?;
+            if owned.stamp().is_some() {
+                // The same refusal attach gives.
+                owned.set_owner(Some(self.clone()))?;
+            }
+            if !unique.iter().any(|o| Arc::ptr_eq(o, owned)) {
+                unique.push(owned);
+            }
+        }
+        for owned in unique {
+            if self.holds(owned) {
+                continue;
+            }
+            let previous = owned.set_owner(Some(self.clone()))?;
+            let origin = match previous {
+                None => Origin::Handles,
+                Some(previous) => match previous.release(owned) {
+                    Some(Entry::Borrowed(_, origin)) => {
+                        Origin::Borrowed(previous, Box::new(origin))
+                    }
+                    Some(Entry::Owned(_)) | None => Origin::Owned(previous),
+                },
+            };
+            lock(&self.inner).borrowed.push((Held::new(owned), origin));
+        }
+        Ok(())
+    }
+
+    /// Hands `owned` to the parent (DJL's `ret`); borrowed memory goes for good too. If
+    /// the parent cannot take it (capped or closed), it stays here, as before the call.
+    pub(crate) fn ret(self: &Arc<Self>, owned: &Arc<Owned>) -> Result<()> {
+        let parent = self.parent.clone().ok_or_else(|| Error::Scope {
+            scope: self.name.clone(),
+            message: "the root scope has no parent to return tensors to".into(),
+        })?;
+        let _transfer = ownership_lock();
+        if self.is_closed() {
+            return Err(self.closed("ret", "X"));
+        }
+        owned.check_not_freed("ret")?;
+        let entry = self
+            .release(owned)
+            .ok_or_else(|| self.not_owned("return"))?;
+        match parent.take("ret", "X", owned) {
+            Ok(()) => {
+                drop(entry);
+                Ok(())
+            }
+            Err(e) => {
+                self.restore(entry);
+                Err(e)
+            }
+        }
+    }
+
+    /// After this, attaching anything is an error (a leak tripwire).
+    pub(crate) fn cap(&self) {
+        let _transfer = ownership_lock();
+        self.flags.fetch_or(CAPPED, Ordering::AcqRel);
+    }
+
+    /// Closes this owner and its children, freeing what they own and giving borrowed
+    /// memory back. The root is never closed ([`Error::Scope`]).
+    pub(crate) fn close(self: &Arc<Self>) -> Result<()> {
+        if self.is_root() {
+            return Err(Error::Scope {
+                scope: self.name.clone(),
+                message: "the root scope cannot be closed".into(),
+            });
+        }
+        let _transfer = ownership_lock();
+        self.close_locked();
+        Ok(())
+    }
+
+    /// Closes this owner and its children (ownership lock held).
+    fn close_locked(self: &Arc<Self>) {
+        if self.flags.fetch_or(CLOSED, Ordering::SeqCst) & CLOSED != 0 {
+            return;
+        }
+        let (owned, borrowed, children) = {
+            let mut inner = lock(&self.inner);
+            (
+                std::mem::take(&mut inner.owned),
+                std::mem::take(&mut inner.borrowed),
+                std::mem::take(&mut inner.children),
+            )
+        };
+        for child in children.iter().filter_map(Weak::upgrade) {
+            child.close_locked();
+        }
+        for held in owned {
+            held.0.home.free();
+        }
+        for (held, origin) in borrowed {
+            give_back(held, origin);
+        }
+        if let Some(parent) = &self.parent {
+            lock(&parent.inner)
+                .children
+                .retain(|c| c.upgrade().is_some_and(|c| c.id != self.id));
+        }
+    }
+
+    /// Live memories this owner owns (borrowed ones excluded).
+    pub(crate) fn owned_count(&self) -> usize {
+        let inner = lock(&self.inner);
+        inner.owned.iter().filter(|h| h.0.is_live()).count()
+    }
+
+    /// Bytes of the live memories this owner owns.
+    pub(crate) fn owned_bytes(&self) -> usize {
+        let inner = lock(&self.inner);
+        inner
+            .owned
+            .iter()
+            .filter(|h| h.0.is_live())
+            .map(|h| h.0.len())
+            .sum()
+    }
+
+    /// The tree under this owner: names, counts and bytes, one line per owner.
+    pub(crate) fn dump(&self) -> String {
+        let mut out = String::new();
+        self.dump_into(0, &mut out);
+        out
+    }
+
+    fn dump_into(&self, depth: usize, out: &mut String) {
+        let inner = lock(&self.inner);
+        let live = |h: &&Held| h.0.is_live();
+        let owned = inner.owned.iter().filter(live).count();
+        let owned_bytes: usize = inner.owned.iter().filter(live).map(|h| h.0.len()).sum();
+        let borrowed = inner.borrowed.iter().filter(|(h, _)| h.0.is_live()).count();
+        let borrowed_bytes: usize = inner
+            .borrowed
+            .iter()
+            .filter(|(h, _)| h.0.is_live())
+            .map(|(h, _)| h.0.len())
+            .sum();
+        let flags = self.flags.load(Ordering::Acquire);
+        let _ = write!(
+            out,
+            "{:indent$}{} [{}]: {} tensors, {} bytes",
+            "",
+            if depth == 0 && self.parent.is_none() {
+                "root"
+            } else {
+                "scope"
+            },
+            self.name,
+            owned,
+            owned_bytes,
+            indent = depth * 2
+        );
+        if borrowed != 0 {
+            let _ = write!(out, " (+{borrowed} borrowed, {borrowed_bytes} bytes)");
+        }
+        if flags & CAPPED != 0 {
+            out.push_str(" capped");
+        }
+        if flags & CLOSED != 0 {
+            out.push_str(" closed");
+        }
+        out.push('\n');
+        let children: Vec<_> = inner.children.iter().filter_map(Weak::upgrade).collect();
+        drop(inner);
+        for child in children {
+            child.dump_into(depth + 1, out);
+        }
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Owner")
+            .field("name", &self.name)
+            .field("source", &self.source)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+/// Gives borrowed memory back to `origin` as its borrower closes (ownership lock held):
+/// to its handles, to its open owner (even if capped since: it was theirs), to an open
+/// owner that had borrowed it in turn, or, when that one closed meanwhile, to whom it
+/// would have given it back. An owner that closed meanwhile frees it.
+fn give_back(held: Held, origin: Origin) {
+    let owned = held.0.clone();
+    match origin {
+        Origin::Handles => {
+            drop(held);
+            let _ = owned.set_owner(None);
+        }
+        Origin::Owned(owner) if !owner.is_closed() => {
+            let _ = owned.set_owner(Some(owner.clone()));
+            lock(&owner.inner).owned.push(held);
+        }
+        Origin::Owned(_) => {
+            drop(held);
+            owned.home.free();
+        }
+        Origin::Borrowed(borrower, origin) if !borrower.is_closed() => {
+            let _ = owned.set_owner(Some(borrower.clone()));
+            lock(&borrower.inner).borrowed.push((held, *origin));
+        }
+        Origin::Borrowed(_, origin) => give_back(held, *origin),
+    }
+}
