@@ -49,3 +49,8 @@ pub use pool::{Block, Pool, PoolStats, Reservation, Usage, MAX_ALIGN, SLOTS_PER_
 pub use slots::Slots;
 #[cfg(not(ndmem_loom))]
 pub use tracking::{heap, HeapStats, Tracking};
+
+/// The examples of `README.md`, compiled and run as doc tests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -55,7 +55,7 @@ static OOM_HOOK: AtomicUsize = AtomicUsize::new(0);
 pub struct HeapStats {
     /// Bytes allocated and not yet freed.
     pub live_bytes: usize,
-    /// Highest `live_bytes` since start or the last [`reset_peak`].
+    /// Highest `live_bytes` since start or the last [`heap::reset_peak`].
     pub peak_bytes: usize,
     /// Bytes ever allocated (a reallocation counts its new size).
     pub total_allocated_bytes: u64,
