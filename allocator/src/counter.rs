@@ -1,6 +1,8 @@
-//! Exact byte budgets: reserve before memory is obtained, release after it is given back.
+//! The two shared figures of this crate: exact byte [`Budget`]s (reserve before memory is
+//! obtained, release after it is given back) and [`Counter`]s (a value with its peak and
+//! running total), which both the pool's and the tracking allocator's statistics are made of.
 //!
-//! Invariant: the budget keeps `headroom = limit - reserved` in **one** atomic word, and a
+//! Invariant of a budget: it keeps `headroom = limit - reserved` in **one** atomic word, and a
 //! reservation succeeds only through a compare-and-swap that leaves the headroom `>= 0`. So
 //! the reserved total never passes the limit, not even transiently, however many threads
 //! race; and because the count is signed, a release can never wrap it (the `cap` crate's
@@ -16,7 +18,9 @@
 //! that lock (it only needs the headroom); only its reported total, if a limit change ran
 //! during it, is read again once that change is done.
 
-use crate::sync::{spin_loop, AtomicIsize, AtomicUsize, Ordering};
+use std::fmt;
+
+use crate::sync::{spin_loop, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 
 /// The limit of a budget without one: large enough never to be reached, small enough that
 /// `headroom` arithmetic cannot overflow an `isize`.
@@ -208,6 +212,162 @@ impl Budget {
     }
 }
 
+impl fmt::Debug for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Budget")
+            .field("used", &self.used())
+            .field("limit", &self.limit())
+            .field("peak", &self.peak())
+            .finish()
+    }
+}
+
+/// A shared figure with its high-water mark and running total: bytes live, their peak and
+/// the bytes ever added.
+///
+/// Invariant: `peak >= value` as of every [`Counter::add`] or [`Counter::publish`] (the
+/// peak only grows, until [`Counter::reset_peak`]), and `total` only grows. Each update is
+/// as cheap as the figures allow: the value is one `fetch_add`; the peak is *read* first
+/// and written only when it rises (rare), so the cache line of a steady counter stays shared
+/// between cores; and the total may be published separately, in batches
+/// ([`Counter::add_total`]), by writers that tally per thread.
+///
+/// The value is signed: a writer that publishes its frees before another publishes the
+/// allocations they free can take it below zero for a moment, and [`Counter::value`] reads
+/// such a moment as 0 rather than wrapping.
+pub struct Counter {
+    value: AtomicIsize,
+    peak: AtomicUsize,
+    total: AtomicU64,
+}
+
+/// The figures of a [`Counter`], read one after the other (see [`Counter::read`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterValues {
+    /// The value (0 while it is transiently negative).
+    pub value: usize,
+    /// The highest value since creation or the last [`Counter::reset_peak`].
+    pub peak: usize,
+    /// Everything ever added.
+    pub total: u64,
+}
+
+impl Counter {
+    /// A counter at zero.
+    #[cfg(not(ndmem_loom))]
+    pub const fn new() -> Counter {
+        Counter {
+            value: AtomicIsize::new(0),
+            peak: AtomicUsize::new(0),
+            total: AtomicU64::new(0),
+        }
+    }
+
+    /// A counter at zero.
+    #[cfg(ndmem_loom)]
+    pub fn new() -> Counter {
+        Counter {
+            value: AtomicIsize::new(0),
+            peak: AtomicUsize::new(0),
+            total: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds `n` to the value and the total, raising the peak if the value passes it.
+    #[inline]
+    pub fn add(&self, n: usize) {
+        self.publish(n as isize, n as isize);
+        self.total.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Takes `n` off the value (the total and the peak stay).
+    #[inline]
+    pub fn sub(&self, n: usize) {
+        self.value.fetch_sub(n as isize, Ordering::Relaxed);
+    }
+
+    /// Publishes a batch: adds `net` to the value, and raises the peak to the value before
+    /// the batch plus `high`, the highest the batch's running sum reached (0 when it never
+    /// rose above its start). The total is not touched (see [`Counter::add_total`]).
+    ///
+    /// The peak so published is exact when no other writer publishes meanwhile; otherwise
+    /// this writer's excursion is added to the others' figures as published at that moment.
+    #[inline]
+    pub fn publish(&self, net: isize, high: isize) {
+        if high <= 0 {
+            // The batch never rose above the published figure: no new peak.
+            if net != 0 {
+                self.value.fetch_add(net, Ordering::Relaxed);
+            }
+            return;
+        }
+        let before = if net == 0 {
+            self.value.load(Ordering::Relaxed)
+        } else {
+            self.value.fetch_add(net, Ordering::Relaxed)
+        };
+        let top = before.saturating_add(high);
+        // A new peak is rare: read first, so the usual case is no second write.
+        if top > 0 && top as usize > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(top as usize, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds `n` to the total alone (a batch of additions whose value was published through
+    /// [`Counter::publish`]).
+    #[inline]
+    pub fn add_total(&self, n: u64) {
+        if n != 0 {
+            self.total.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The value now (0 while it is transiently negative).
+    #[inline]
+    pub fn value(&self) -> usize {
+        self.value.load(Ordering::Relaxed).max(0) as usize
+    }
+
+    /// The highest value since creation or the last [`Counter::reset_peak`].
+    #[inline]
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Everything ever added.
+    #[inline]
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// The value, then the peak, then the total. The total is read last: it only grows, so
+    /// `total - value` (what was ever taken off, for a writer whose value and total move
+    /// together) never comes out negative.
+    pub fn read(&self) -> CounterValues {
+        let value = self.value();
+        let peak = self.peak();
+        let total = self.total();
+        CounterValues { value, peak, total }
+    }
+
+    /// Restarts the peak from the current value.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.value(), Ordering::Relaxed);
+    }
+}
+
+impl Default for Counter {
+    fn default() -> Self {
+        Counter::new()
+    }
+}
+
+impl fmt::Debug for Counter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.read(), f)
+    }
+}
+
 #[cfg(all(test, not(ndmem_loom)))]
 mod tests {
     use super::*;
@@ -258,6 +418,69 @@ mod tests {
         assert!(budget.try_reserve(usize::MAX).is_err());
         assert!(Budget::new(None).try_reserve(usize::MAX / 2).is_err());
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_counter_keeps_value_peak_and_total() {
+        let counter = Counter::new();
+        counter.add(100);
+        counter.add(50);
+        counter.sub(120);
+        assert_eq!(
+            counter.read(),
+            CounterValues {
+                value: 30,
+                peak: 150,
+                total: 150
+            }
+        );
+        counter.reset_peak();
+        assert_eq!(counter.peak(), 30);
+        counter.add(10);
+        assert_eq!(counter.peak(), 40);
+    }
+
+    #[test]
+    fn a_published_batch_raises_the_peak_by_its_own_excursion() {
+        let counter = Counter::new();
+        counter.publish(100, 100);
+        // A batch that went up 80 and came back down to 20 net.
+        counter.publish(20, 80);
+        assert_eq!(counter.value(), 120);
+        assert_eq!(counter.peak(), 180);
+        assert_eq!(counter.total(), 0, "publish leaves the total to add_total");
+        counter.add_total(120);
+        assert_eq!(counter.total(), 120);
+        // Net frees with no rise: the value falls, the peak stays.
+        counter.publish(-200, 0);
+        assert_eq!(counter.value(), 0, "a negative value reads as 0");
+        assert_eq!(counter.peak(), 180);
+        counter.publish(90, 90);
+        assert_eq!(
+            counter.value(),
+            10,
+            "the negative moment was kept, not clamped"
+        );
+        assert_eq!(counter.peak(), 180);
+    }
+
+    #[test]
+    fn concurrent_counters_add_up() {
+        let counter = Counter::new();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..10_000 {
+                        counter.add(3);
+                        counter.sub(3);
+                    }
+                });
+            }
+        });
+        let v = counter.read();
+        assert_eq!(v.value, 0);
+        assert_eq!(v.total, 4 * 10_000 * 3);
+        assert!(v.peak >= 3 && v.peak <= 12, "peak {}", v.peak);
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! compare-and-swap on a single word before memory is obtained, so no interleaving can push
 //! the total past the limit. The global allocator reserves per thread in batches to stay
 //! off the shared cache line; the pool reserves only when it goes to the OS, because freed
-//! blocks stay reserved in its cache and are reused without touching the budget.
+//! blocks stay reserved in its cache and are reused without touching the budget. Their
+//! statistics are made of one small type too, a [`counter::Counter`] (a value with its peak
+//! and running total), which the pool updates per block and the global allocator per batch.
 //!
 //! ```
 //! use ndmem_alloc::{Limits, Pool};
@@ -49,3 +51,8 @@ pub use pool::{Block, Pool, PoolStats, Reservation, Usage, MAX_ALIGN, SLOTS_PER_
 pub use slots::Slots;
 #[cfg(not(ndmem_loom))]
 pub use tracking::{heap, HeapStats, Tracking};
+
+/// The examples of `README.md`, compiled and run as doc tests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,5 +1,5 @@
 //! The three budgets (heap, off-heap, physical) and the per-device budget: how sizes are
-//! written, where the values come from and what they default to (SEMANTICS 1).
+//! written, where the values come from and what they default to (semantics §1).
 //!
 //! Sizes are binary multiples (`64K` = 65536), case-insensitive, with an optional `B` or
 //! `iB`, or a percentage of physical RAM (`50%`). Garbage is an error naming the variable and
@@ -154,7 +154,7 @@ pub enum LimitSource {
     Environment,
     /// Set through [`LimitsBuilder`] or at run time.
     Explicit,
-    /// The documented default (SEMANTICS 1).
+    /// The documented default (semantics §1).
     Default,
 }
 
@@ -171,7 +171,7 @@ pub struct LimitSources {
     pub max_device_bytes: LimitSource,
 }
 
-/// The memory budgets of a process or of one [`crate::Pool`] (SEMANTICS 1).
+/// The memory budgets of a process or of one [`crate::Pool`] (semantics §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Bytes live through the tracking global allocator; `None`: tracked only.
@@ -188,7 +188,7 @@ pub struct Limits {
 
 impl Limits {
     /// Reads `NDMEM_MAX_HEAP`, `NDMEM_MAX_BYTES`, `NDMEM_MAX_PHYSICAL_BYTES` and
-    /// `NDMEM_MAX_DEVICE_BYTES`, filling the rest with the defaults of SEMANTICS 1.
+    /// `NDMEM_MAX_DEVICE_BYTES`, filling the rest with the defaults of semantics §1.
     pub fn from_env() -> Result<Limits, ConfigError> {
         Self::from_lookup(env_value)
     }
@@ -225,7 +225,7 @@ impl Limits {
         Ok(limits)
     }
 
-    /// A builder whose unset fields take the defaults of SEMANTICS 1.
+    /// A builder whose unset fields take the defaults of semantics §1.
     pub fn builder() -> LimitsBuilder {
         LimitsBuilder::default()
     }
@@ -356,7 +356,7 @@ mod tests {
 
     #[test]
     fn sizes_parse_as_binary_multiples() {
-        // SEMANTICS 1: 123, 64K, 512M, 8G, 1T, case-insensitive, optional B / iB.
+        // Semantics §1: 123, 64K, 512M, 8G, 1T, case-insensitive, optional B / iB.
         assert_eq!(parse_size("123").unwrap(), 123);
         assert_eq!(parse_size("64K").unwrap(), 64 << 10);
         assert_eq!(parse_size("64k").unwrap(), 64 << 10);

@@ -6,7 +6,7 @@
 //! refuses a push and the caller frees the block instead, which bounds what is hoarded.
 
 use crate::sync::{AtomicPtr, Ordering};
-use std::ptr;
+use std::{fmt, ptr};
 
 /// A fixed set of slots for freed blocks.
 pub struct Slots<const N: usize> {
@@ -18,6 +18,20 @@ impl<const N: usize> Default for Slots<N> {
         Slots {
             slots: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
         }
+    }
+}
+
+impl<const N: usize> fmt::Debug for Slots<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let occupied = self
+            .slots
+            .iter()
+            .filter(|s| !s.load(Ordering::Relaxed).is_null())
+            .count();
+        f.debug_struct("Slots")
+            .field("capacity", &N)
+            .field("occupied", &occupied)
+            .finish()
     }
 }
 
@@ -66,5 +80,12 @@ mod tests {
         got.sort();
         assert_eq!(got, [a, b]);
         assert_eq!(slots.pop(), None);
+    }
+
+    #[test]
+    fn debug_shows_how_many_slots_are_taken() {
+        let slots = Slots::<3>::default();
+        slots.push(8 as *mut u8).unwrap();
+        assert_eq!(format!("{slots:?}"), "Slots { capacity: 3, occupied: 1 }");
     }
 }

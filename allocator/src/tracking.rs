@@ -17,9 +17,9 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
-use crate::counter::Budget;
+use crate::counter::{Budget, Counter};
 use crate::error::{AllocError, ConfigError};
 use crate::limits::{parse_size_bytes, ENV_MAX_HEAP};
 
@@ -37,9 +37,9 @@ const FLUSH_NET_OPS: u32 = 64;
 const FLUSH_OPS: u32 = 4096;
 
 static HEAP: Budget = Budget::new(None);
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-static ALLOCATED: AtomicU64 = AtomicU64::new(0);
+/// Live heap bytes, their peak, and the bytes ever allocated as the total (which the
+/// tallies publish in their own batches).
+static LIVE: Counter = Counter::new();
 static FREED: AtomicU64 = AtomicU64::new(0);
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 static DEALLOCATIONS: AtomicU64 = AtomicU64::new(0);
@@ -50,12 +50,12 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The OOM hook as a `fn(Layout, &HeapStats)` address; 0 when none is set.
 static OOM_HOOK: AtomicUsize = AtomicUsize::new(0);
 
-/// Heap statistics of the process (SEMANTICS 1), as of the last flush of each thread.
+/// Heap statistics of the process (semantics §1), as of the last flush of each thread.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HeapStats {
     /// Bytes allocated and not yet freed.
     pub live_bytes: usize,
-    /// Highest `live_bytes` since start or the last [`reset_peak`].
+    /// Highest `live_bytes` since start or the last [`heap::reset_peak`].
     pub peak_bytes: usize,
     /// Bytes ever allocated (a reallocation counts its new size).
     pub total_allocated_bytes: u64,
@@ -389,37 +389,22 @@ impl Tally {
 
     /// Publishes this thread's net bytes to the live figure, and its high-water mark since
     /// the last publication to the peak.
+    ///
+    /// The peak becomes the live figure when this thread's net bytes were highest, the
+    /// other threads' published figures taken as they are now (exact when no other thread
+    /// publishes); see [`Counter::publish`], which writes the peak only when it rises.
     #[inline]
     fn flush_live(&self) {
         let net = self.net.replace(0);
         let high = self.high.replace(0);
         self.live_ops.set(self.ops.get());
-        if high == 0 {
-            // The net bytes never rose above the published figure: no new peak.
-            if net != 0 {
-                LIVE.fetch_add(net, Ordering::Relaxed);
-            }
-            return;
-        }
-        let before = if net == 0 {
-            LIVE.load(Ordering::Relaxed)
-        } else {
-            LIVE.fetch_add(net, Ordering::Relaxed)
-        };
-        // The live figure when this thread's net bytes were highest, the other threads'
-        // published figures taken as they are now (exact when no other thread publishes).
-        // Read first: a new peak is rare, and a read keeps the line shared between cores
-        // where `fetch_max` would write it every time.
-        let top = before + high;
-        if top > PEAK.load(Ordering::Relaxed) as isize {
-            PEAK.fetch_max(top as usize, Ordering::Relaxed);
-        }
+        LIVE.publish(net, high);
     }
 
     /// Publishes this thread's whole tally to the process-wide counters.
     fn flush(&self) {
         self.flush_live();
-        ALLOCATED.fetch_add(self.allocated.replace(0), Ordering::Relaxed);
+        LIVE.add_total(self.allocated.replace(0));
         FREED.fetch_add(self.freed.replace(0), Ordering::Relaxed);
         ALLOCATIONS.fetch_add(u64::from(self.allocations.replace(0)), Ordering::Relaxed);
         DEALLOCATIONS.fetch_add(u64::from(self.deallocations.replace(0)), Ordering::Relaxed);
@@ -631,10 +616,11 @@ pub mod heap {
     pub fn stats() -> HeapStats {
         read_env_once_outside_allocator();
         TALLY.with(|t| t.flush());
+        let live = LIVE.read();
         HeapStats {
-            live_bytes: LIVE.load(Ordering::Relaxed).max(0) as usize,
-            peak_bytes: PEAK.load(Ordering::Relaxed),
-            total_allocated_bytes: ALLOCATED.load(Ordering::Relaxed),
+            live_bytes: live.value,
+            peak_bytes: live.peak,
+            total_allocated_bytes: live.total,
             total_freed_bytes: FREED.load(Ordering::Relaxed),
             allocations: ALLOCATIONS.load(Ordering::Relaxed),
             deallocations: DEALLOCATIONS.load(Ordering::Relaxed),
@@ -653,10 +639,7 @@ pub mod heap {
     /// Restarts the peak from the current live bytes.
     pub fn reset_peak() {
         TALLY.with(|t| t.flush());
-        PEAK.store(
-            LIVE.load(Ordering::Relaxed).max(0) as usize,
-            Ordering::Relaxed,
-        );
+        LIVE.reset_peak();
     }
 
     /// Sets (`Some`) or removes (`None`) the heap limit at run time; `NDMEM_MAX_HEAP` sets

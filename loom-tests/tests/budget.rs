@@ -11,13 +11,16 @@
 //! - `release` racing reservations and refusals never wraps the counter: `used` and
 //!   `available` stay within `[0, limit]` and everything reserved comes back to zero;
 //! - the figures read while `set_limit` runs (`used`, `peak`, a reservation's result, a
-//!   refusal's) are totals that really were reserved.
+//!   refusal's) are totals that really were reserved;
+//! - a `Counter` (the value, peak and total both the pool's and the heap's statistics are
+//!   made of) updated by two threads, one per block and one in batches, ends exact, and its
+//!   peak covers every excursion without passing what was ever live at once.
 #![cfg(ndmem_loom)]
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use ndmem_alloc::counter::{Budget, Exhausted};
+use ndmem_alloc::counter::{Budget, Counter, Exhausted};
 use ndmem_loom_tests::model;
 
 /// Reserves `bytes`, records them in `held` (the bytes callers really hold), checks the
@@ -289,5 +292,39 @@ fn figures_read_during_a_limit_change_are_real_totals() {
             }
             other => panic!("{other:?}"),
         }
+    });
+}
+
+#[test]
+fn counters_add_up_and_their_peak_covers_every_excursion() {
+    model(|| {
+        let counter = Arc::new(Counter::new());
+        let per_block = {
+            let counter = counter.clone();
+            thread::spawn(move || {
+                counter.add(5);
+                counter.sub(5);
+            })
+        };
+        // A batch that rose by 10 and ended 4 up, then one that gave the 4 back.
+        counter.publish(4, 10);
+        let seen = counter.read();
+        assert!(seen.value <= 9, "value {} > everything live", seen.value);
+        assert!(
+            seen.peak >= 10,
+            "peak {} misses the batch's excursion",
+            seen.peak
+        );
+        counter.publish(-4, 0);
+        counter.add_total(10);
+        per_block.join().unwrap();
+        let end = counter.read();
+        assert_eq!(end.value, 0);
+        assert_eq!(end.total, 15);
+        assert!(
+            (10..=15).contains(&end.peak),
+            "peak {} outside [10, 15]",
+            end.peak
+        );
     });
 }

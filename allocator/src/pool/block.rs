@@ -1,0 +1,151 @@
+//! What the pool hands out: a [`Block`] of its memory, or a [`Reservation`] of bytes
+//! obtained elsewhere but counted against its limits. Both give themselves back on drop.
+//!
+//! Invariant: a `Block` owns its `capacity` bytes exclusively, like a `Box<[u8]>`, from the
+//! moment the pool hands it out until its drop returns it; those bytes are always
+//! initialised (zero when fresh from the OS, afterwards what the previous owner wrote), so
+//! handing out `&[u8]` over them is sound.
+
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use super::{Pool, Usage};
+
+/// A block of pool memory; dropping it gives it back to the pool.
+pub struct Block<'p> {
+    ptr: NonNull<u8>,
+    len: usize,
+    capacity: usize,
+    usage: Usage,
+    pool: &'p Pool,
+}
+
+// SAFETY: a Block owns its memory exclusively (like a Box<[u8]>), and the pool it returns
+// to is Sync.
+unsafe impl Send for Block<'_> {}
+// SAFETY: shared access only reads the bytes through `&self`.
+unsafe impl Sync for Block<'_> {}
+
+impl<'p> Block<'p> {
+    /// Takes ownership of `capacity` bytes at `ptr`, of which the first `len` were
+    /// requested, for `usage`; the caller has counted them live in `pool`, and the drop
+    /// gives them back to it.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a block of `pool` of exactly `capacity` bytes (from the OS or the
+    /// cache of its class) that nothing else owns or uses any more, with every byte
+    /// initialised, and `len <= capacity`.
+    pub(super) unsafe fn new(
+        ptr: NonNull<u8>,
+        len: usize,
+        capacity: usize,
+        usage: Usage,
+        pool: &'p Pool,
+    ) -> Block<'p> {
+        debug_assert!(len <= capacity);
+        Block {
+            ptr,
+            len,
+            capacity,
+            usage,
+            pool,
+        }
+    }
+
+    /// The first byte, aligned as requested.
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Bytes requested.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the block holds no requested bytes (never true: empty blocks are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes the block really occupies (its size class), all usable.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// What the block was allocated for.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// The pool the block returns to.
+    pub fn pool(&self) -> &'p Pool {
+        self.pool
+    }
+
+    /// The requested bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the block owns `capacity >= len` initialised bytes at `ptr` for its whole
+        // life, and `&self` forbids concurrent mutation.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The requested bytes, mutably.
+    pub fn as_slice_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Sets every byte of the block, capacity included, to zero.
+    pub(super) fn zero(&mut self) {
+        // SAFETY: the block owns `capacity` writable bytes at `ptr`, and `&mut self` makes
+        // the access exclusive.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.capacity) };
+    }
+}
+
+impl fmt::Debug for Block<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Block")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .field("usage", &self.usage)
+            .finish()
+    }
+}
+
+impl Drop for Block<'_> {
+    fn drop(&mut self) {
+        self.pool.release(self.ptr, self.capacity, self.usage);
+    }
+}
+
+/// Bytes obtained outside the pool but counted against its limits (see [`Pool::reserve`]).
+#[derive(Debug)]
+pub struct Reservation<'p> {
+    bytes: usize,
+    usage: Usage,
+    pool: &'p Pool,
+}
+
+impl<'p> Reservation<'p> {
+    /// Counts `bytes` for `usage` until the reservation drops; the caller has reserved
+    /// them in `pool`'s budget and counted them live.
+    pub(super) fn new(bytes: usize, usage: Usage, pool: &'p Pool) -> Reservation<'p> {
+        Reservation { bytes, usage, pool }
+    }
+
+    /// Bytes counted.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.pool.release_reservation(self.bytes, self.usage);
+    }
+}

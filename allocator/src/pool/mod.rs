@@ -1,0 +1,451 @@
+//! The native pool: tensor and workspace memory outside the Rust heap, with exact limits.
+//!
+//! Invariant: every byte the pool holds (live blocks *and* its cache of freed blocks) is
+//! reserved in the off-heap [`Budget`] before the OS is asked for it, and released only after
+//! it went back to the OS, so `used = live + cached <= max_bytes` at every instant. Blocks are
+//! rounded up to size classes (four per power of two, at most 25% slack; see `class`) and
+//! every class keeps up to [`SLOTS_PER_CLASS`] freed blocks in a lock-free [`Slots`] cache,
+//! so a loop that frees and reallocates the same shapes touches neither the OS nor a lock.
+//! Classes of 256 KiB and more come from `mmap` (page-aligned, zero-filled), smaller ones
+//! from `posix_memalign` (see `os`); blocks above 1 GiB are mapped exactly and never cached.
+//!
+//! The parts: `class` (size arithmetic), `os` (the system calls), `stats` (the books and
+//! [`PoolStats`]), `block` ([`Block`] and [`Reservation`], which give themselves back on
+//! drop), `reclaim` (callbacks run at a limit), and the [`Pool`] here, which ties them to
+//! the budget and the limits.
+
+#![allow(unsafe_code)]
+
+mod block;
+mod class;
+mod os;
+mod reclaim;
+mod stats;
+
+use std::fmt;
+use std::ptr::NonNull;
+#[cfg(not(ndmem_loom))]
+use std::sync::OnceLock;
+
+use crate::counter::{Budget, UNLIMITED};
+use crate::error::{AllocError, ConfigError, MemoryKind};
+use crate::limits::Limits;
+#[cfg(not(ndmem_loom))]
+use crate::limits::{ENV_MAX_BYTES, ENV_MAX_PHYSICAL_BYTES};
+use crate::physical::physical_bytes;
+use crate::slots::Slots;
+use crate::sync::{AtomicUsize, Ordering};
+
+pub use block::{Block, Reservation};
+pub use class::MAX_ALIGN;
+pub use stats::{PoolStats, Usage};
+
+use class::{cached_class, capacity_for, class_size, invalid, NUM_CLASSES};
+use os::thread_id;
+use reclaim::Reclaimers;
+use stats::Books;
+
+/// Freed blocks each size class keeps for reuse.
+pub const SLOTS_PER_CLASS: usize = 16;
+/// New OS memory after which the physical check re-reads the RSS.
+const RSS_RECHECK: usize = 1 << 20;
+
+/// A native memory pool with an off-heap and a physical limit.
+pub struct Pool {
+    budget: Budget,
+    max_physical: AtomicUsize,
+    classes: Box<[Slots<SLOTS_PER_CLASS>]>,
+    books: Books,
+    rss_hint: AtomicUsize,
+    os_since_rss: AtomicUsize,
+    reclaimers: Reclaimers,
+    config_error: Option<ConfigError>,
+    bytes_variable: &'static str,
+    physical_variable: &'static str,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[cfg(not(ndmem_loom))]
+static GLOBAL: OnceLock<Pool> = OnceLock::new();
+
+impl Pool {
+    /// The process-wide pool, with limits from `NDMEM_MAX_BYTES` and
+    /// `NDMEM_MAX_PHYSICAL_BYTES` (semantics §1).
+    ///
+    /// If a variable holds garbage, every allocation from this pool fails with
+    /// [`AllocError::Config`] naming it; [`Pool::try_global`] reports it up front.
+    #[cfg(not(ndmem_loom))]
+    pub fn global() -> &'static Pool {
+        GLOBAL.get_or_init(|| {
+            let (limits, error) = match Limits::from_env() {
+                Ok(limits) => (limits, None),
+                Err(e) => (Limits::builder().build(), Some(e)),
+            };
+            let mut pool = Pool::new(limits);
+            pool.config_error = error;
+            pool.bytes_variable = ENV_MAX_BYTES;
+            pool.physical_variable = ENV_MAX_PHYSICAL_BYTES;
+            pool
+        })
+    }
+
+    /// The process-wide pool, or the configuration error that makes it unusable.
+    #[cfg(not(ndmem_loom))]
+    pub fn try_global() -> Result<&'static Pool, ConfigError> {
+        let pool = Pool::global();
+        match &pool.config_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(pool),
+        }
+    }
+
+    /// An independent pool with its own limits and cache (tests, embedding).
+    pub fn new(limits: Limits) -> Pool {
+        Pool {
+            budget: Budget::new(limits.max_bytes),
+            max_physical: AtomicUsize::new(limits.max_physical_bytes.unwrap_or(UNLIMITED)),
+            classes: (0..NUM_CLASSES).map(|_| Slots::default()).collect(),
+            books: Books::new(),
+            rss_hint: AtomicUsize::new(physical_bytes()),
+            os_since_rss: AtomicUsize::new(0),
+            reclaimers: Reclaimers::new(),
+            config_error: None,
+            bytes_variable: "Limits::max_bytes of this pool",
+            physical_variable: "Limits::max_physical_bytes of this pool",
+        }
+    }
+
+    /// A block of at least `size` bytes aligned to `align` (a power of two up to 4096).
+    /// Its bytes are initialised but their values are unspecified.
+    pub fn allocate(&self, size: usize, align: usize) -> Result<Block<'_>, AllocError> {
+        self.allocate_for(size, align, Usage::Other)
+    }
+
+    /// [`Pool::allocate`] with every byte zero.
+    pub fn allocate_zeroed(&self, size: usize, align: usize) -> Result<Block<'_>, AllocError> {
+        self.allocate_zeroed_for(size, align, Usage::Other)
+    }
+
+    /// [`Pool::allocate`] recording what the block is for.
+    pub fn allocate_for(
+        &self,
+        size: usize,
+        align: usize,
+        usage: Usage,
+    ) -> Result<Block<'_>, AllocError> {
+        self.allocate_inner(size, align, usage, false)
+    }
+
+    /// [`Pool::allocate_zeroed`] recording what the block is for.
+    pub fn allocate_zeroed_for(
+        &self,
+        size: usize,
+        align: usize,
+        usage: Usage,
+    ) -> Result<Block<'_>, AllocError> {
+        self.allocate_inner(size, align, usage, true)
+    }
+
+    /// Counts `bytes` of memory obtained elsewhere (a memory-mapped file) against this
+    /// pool's limits, as if they were a block, until the reservation drops: it counts as
+    /// one allocation of `bytes` now and one deallocation when it drops.
+    pub fn reserve(&self, bytes: usize, usage: Usage) -> Result<Reservation<'_>, AllocError> {
+        if bytes == 0 {
+            return Err(invalid(0, 1, "a reservation of zero bytes counts nothing"));
+        }
+        if bytes > isize::MAX as usize {
+            return Err(invalid(bytes, 1, "the size does not fit in isize"));
+        }
+        self.check_config()?;
+        self.take_budget(bytes, bytes, None)?;
+        self.books.live(bytes, usage);
+        Ok(Reservation::new(bytes, usage, self))
+    }
+
+    fn allocate_inner(
+        &self,
+        size: usize,
+        align: usize,
+        usage: Usage,
+        zeroed: bool,
+    ) -> Result<Block<'_>, AllocError> {
+        let capacity = capacity_for(size, align)?;
+        self.check_config()?;
+        let class = cached_class(capacity);
+        let (ptr, fresh) = match class.and_then(|c| self.take_cached(c, capacity)) {
+            Some(ptr) => (ptr, false),
+            None => match self.take_budget(capacity, size, class)? {
+                Some(ptr) => (ptr, false),
+                None => (self.os_alloc(capacity, size)?, true),
+            },
+        };
+        self.books.live(capacity, usage);
+        // SAFETY: `ptr` is a block of exactly `capacity` bytes of this pool (its class's
+        // size, from the cache of that class or fresh from the OS), owned by this call alone
+        // (a cached pointer leaves its slot through one `swap`), with every byte initialised
+        // (zeroed by the OS path, written by previous owners since); `size <= capacity`.
+        let mut block = unsafe { Block::new(ptr, size, capacity, usage, self) };
+        if zeroed && !fresh {
+            block.zero();
+        }
+        Ok(block)
+    }
+
+    fn check_config(&self) -> Result<(), AllocError> {
+        match &self.config_error {
+            Some(e) => Err(AllocError::Config(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn take_cached(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
+        let ptr = NonNull::new(self.classes[class].pop()?)?;
+        self.books.cache_hit(capacity);
+        Some(ptr)
+    }
+
+    /// Reserves `capacity` bytes of budget for new OS memory, relieving pressure once at a
+    /// limit. If relief put a block of `class` into the cache, returns that block instead
+    /// (its budget is already counted).
+    fn take_budget(
+        &self,
+        capacity: usize,
+        requested: usize,
+        class: Option<usize>,
+    ) -> Result<Option<NonNull<u8>>, AllocError> {
+        let mut relieved = false;
+        loop {
+            let refusal = match self.budget.try_reserve(capacity) {
+                Ok(_) => match self.check_physical(capacity) {
+                    Ok(()) => return Ok(None),
+                    Err(rss) => {
+                        self.budget.release(capacity);
+                        self.physical_error(requested, rss)
+                    }
+                },
+                Err(e) => self.out_of_memory(requested, e.used, e.limit),
+            };
+            if relieved {
+                self.books.failure();
+                return Err(refusal);
+            }
+            relieved = true;
+            self.reclaimers.run(self as *const Pool as usize);
+            if let Some(ptr) = class.and_then(|c| self.take_cached(c, capacity)) {
+                return Ok(Some(ptr));
+            }
+            self.trim();
+        }
+    }
+
+    /// Checks the physical limit for `bytes` of new OS memory; `Err(rss)` if it would pass.
+    fn check_physical(&self, bytes: usize) -> Result<(), usize> {
+        let limit = self.max_physical.load(Ordering::Relaxed);
+        if limit >= UNLIMITED {
+            return Ok(());
+        }
+        let since = self.os_since_rss.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let estimate = self.rss_hint.load(Ordering::Relaxed) + since;
+        if since < RSS_RECHECK && estimate.saturating_add(bytes) <= limit {
+            return Ok(());
+        }
+        let rss = physical_bytes();
+        self.rss_hint.store(rss, Ordering::Relaxed);
+        self.os_since_rss.store(0, Ordering::Relaxed);
+        if rss.saturating_add(bytes) <= limit {
+            Ok(())
+        } else {
+            Err(rss)
+        }
+    }
+
+    /// Registers a callback run when an allocation reaches a limit, before the cache is
+    /// released and the allocation retried once. It returns the bytes it freed.
+    ///
+    /// A reclaimer may allocate from the pool; if that allocation reaches a limit too, the
+    /// reclaimers are not run again for it (no recursion).
+    pub fn register_reclaimer(&self, reclaim: impl Fn() -> usize + Send + Sync + 'static) {
+        self.reclaimers.register(reclaim);
+    }
+
+    /// Takes a block back: into its class's cache if a slot is free, else to the OS. A
+    /// cached block stays reserved, so the cache can never push the pool past its limit;
+    /// at the limit it is released before anything fails.
+    fn release(&self, ptr: NonNull<u8>, capacity: usize, usage: Usage) {
+        self.books.freed(capacity, usage);
+        if let Some(class) = cached_class(capacity) {
+            // Counted before the push so a racing pop can never take the count below zero.
+            self.books.caching(capacity);
+            if self.classes[class].push(ptr.as_ptr()).is_ok() {
+                return;
+            }
+            self.books.uncached(capacity);
+        }
+        self.os_free(ptr, capacity);
+    }
+
+    /// Takes a [`Reservation`] of `bytes` back.
+    fn release_reservation(&self, bytes: usize, usage: Usage) {
+        self.books.freed(bytes, usage);
+        self.budget.release(bytes);
+    }
+
+    /// Returns every cached block to the OS; returns the bytes released.
+    pub fn trim(&self) -> usize {
+        let mut released = 0;
+        for (class, slots) in self.classes.iter().enumerate() {
+            let capacity = class_size(class);
+            while let Some(ptr) = slots.pop() {
+                self.books.uncached(capacity);
+                if let Some(ptr) = NonNull::new(ptr) {
+                    self.os_free(ptr, capacity);
+                    released += capacity;
+                }
+            }
+        }
+        released
+    }
+
+    /// Changes the off-heap limit; `None` or `Some(0)` means unlimited (as `0` does in
+    /// `NDMEM_MAX_BYTES`, and as in [`crate::heap::set_limit`]).
+    ///
+    /// A limit below the bytes held outside the cache (live blocks and reservations) is
+    /// refused before anything is touched, so a refused limit changes nothing: not the
+    /// limit, not the cache. A limit that fits once the cache is released releases the
+    /// cache first. (If other threads allocate meanwhile, the limit can still be refused
+    /// after the cache was released; it is never applied below what is reserved.)
+    pub fn set_max_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
+        let limit = limit.filter(|l| *l > 0);
+        let below_use = |limit: usize, used: usize| AllocError::LimitBelowUse {
+            what: "the pool's max_bytes",
+            limit,
+            used,
+        };
+        if let Some(l) = limit {
+            let used = self.budget.used();
+            let held = used.saturating_sub(self.books.cached());
+            if l < held {
+                return Err(below_use(l, held));
+            }
+            if l < used {
+                self.trim();
+            }
+        }
+        self.budget
+            .set_limit(limit)
+            .map_err(|e| below_use(e.limit, e.used))
+    }
+
+    /// Changes the physical limit; `None` or `Some(0)` means unlimited. Refused below the
+    /// current RSS.
+    pub fn set_max_physical_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
+        let limit = limit.filter(|l| *l > 0);
+        let rss = physical_bytes();
+        if let Some(l) = limit.filter(|l| *l < rss) {
+            return Err(AllocError::LimitBelowUse {
+                what: "the pool's max_physical_bytes",
+                limit: l,
+                used: rss,
+            });
+        }
+        self.max_physical
+            .store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The limits this pool enforces now.
+    pub fn limits(&self) -> (Option<usize>, Option<usize>) {
+        let physical = self.max_physical.load(Ordering::Relaxed);
+        (
+            self.budget.limit(),
+            (physical < UNLIMITED).then_some(physical),
+        )
+    }
+
+    /// A snapshot of the pool's counters.
+    pub fn stats(&self) -> PoolStats {
+        let physical = self.max_physical.load(Ordering::Relaxed);
+        PoolStats {
+            used_bytes: self.budget.used(),
+            peak_used_bytes: self.budget.peak(),
+            limit_bytes: self.budget.limit(),
+            physical_bytes: physical_bytes(),
+            physical_limit_bytes: (physical < UNLIMITED).then_some(physical),
+            ..self.books.stats()
+        }
+    }
+
+    /// Restarts both peaks from the current figures.
+    pub fn reset_peak(&self) {
+        self.books.reset_peak();
+        self.budget.reset_peak();
+    }
+
+    fn out_of_memory(&self, requested: usize, used: usize, limit: usize) -> AllocError {
+        AllocError::OutOfMemory {
+            kind: MemoryKind::Host,
+            requested,
+            thread: thread_id(),
+            used,
+            limit,
+            holders: self.books.holders(),
+            variable: self.bytes_variable,
+        }
+    }
+
+    fn physical_error(&self, requested: usize, rss: usize) -> AllocError {
+        AllocError::PhysicalLimit {
+            kind: MemoryKind::Host,
+            requested,
+            thread: thread_id(),
+            rss,
+            limit: self.max_physical.load(Ordering::Relaxed),
+            variable: self.physical_variable,
+        }
+    }
+
+    /// New memory from the OS; the budget for it is already reserved (and is released here
+    /// if the OS refuses).
+    fn os_alloc(&self, capacity: usize, requested: usize) -> Result<NonNull<u8>, AllocError> {
+        match os::obtain(capacity) {
+            Ok(ptr) => {
+                self.books.os_allocation();
+                Ok(ptr)
+            }
+            Err(errno) => {
+                self.budget.release(capacity);
+                self.books.failure();
+                Err(AllocError::Os {
+                    kind: MemoryKind::Host,
+                    requested,
+                    errno,
+                })
+            }
+        }
+    }
+
+    /// Gives a block the caller owns (neither live nor cached now) back to the OS and its
+    /// bytes back to the budget.
+    fn os_free(&self, ptr: NonNull<u8>, capacity: usize) {
+        // SAFETY: every block of this pool of `capacity` bytes came from `os::obtain` with
+        // that capacity (`os_alloc`), and the callers own it: `release` takes it from a
+        // dropped `Block`, `trim` from a slot through one `swap`.
+        unsafe { os::give_back(ptr, capacity) };
+        self.budget.release(capacity);
+        self.books.os_free();
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Live blocks borrow the pool, so only the cache can remain.
+        self.trim();
+    }
+}
