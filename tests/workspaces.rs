@@ -935,6 +935,38 @@ fn circular_reallocate_rebuilds_the_ring_two_cycles_after_a_spill() {
     assert_eq!(g.stats().spilled_bytes, 0);
 }
 
+#[test]
+fn circular_reallocate_stops_spilling_once_the_ring_is_rebuilt() {
+    // semantics §2.4: a ring that spills with Reallocate is rebuilt larger two cycles
+    // later, whatever the pool's size classes make of the old ring's capacity: cycles that
+    // outgrew the learned slot spill for a bounded number of cycles, not forever.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(3.0)
+        .policy_spill(SpillPolicy::Reallocate)
+        .build()
+        .unwrap();
+    fill(&ws.get_and_activate(&cfg, "RING_REBUILD").unwrap(), 2, 4000);
+    let learned = ws.workspace("RING_REBUILD").unwrap();
+    assert_eq!(learned.slots, 4, "slots = floor(1 + 3.0)");
+    let mut spills = Vec::new();
+    for _ in 0..8 {
+        let g = ws.get_and_activate(&cfg, "RING_REBUILD").unwrap();
+        fill(&g, 3, 4000);
+        spills.push(g.stats().spilled_bytes);
+    }
+    assert_eq!(spills[0], 4000, "a 12,000-byte cycle outgrows a 10,400-byte slot");
+    assert!(
+        spills[3..].iter().all(|&s| s == 0),
+        "the ring is rebuilt two cycles after the spill; spills per cycle: {spills:?}"
+    );
+    let rebuilt = ws.workspace("RING_REBUILD").unwrap();
+    assert_eq!(rebuilt.max_cycle, 12_000);
+    assert_eq!(rebuilt.slots, 4, "a rebuilt ring keeps its slot count");
+    assert_eq!(rebuilt.size, capacity(4 * 12_000), "slots of max_cycle bytes");
+}
+
 // ---- location ------------------------------------------------------------------------
 
 #[test]

@@ -643,7 +643,10 @@ impl Arena {
             self.grow_at.set(None);
             let block = self.round(self.max_cycle.get());
             let buffer = self.clamp(block.saturating_mul(self.slots.get()));
-            if block > self.block.get() && buffer > self.size.get() {
+            // Compared with the bytes the ring uses, not the pool block's capacity: a size
+            // class may round the old block up past the new ring, which must still be built.
+            let used = self.block.get().saturating_mul(self.slots.get());
+            if block > self.block.get() && buffer > used {
                 // Stamps of earlier cycles keep the old ring alive while they need it.
                 let _ = self.build_ring(block, buffer);
                 self.start.set(0);
