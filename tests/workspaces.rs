@@ -956,7 +956,10 @@ fn circular_reallocate_stops_spilling_once_the_ring_is_rebuilt() {
         fill(&g, 3, 4000);
         spills.push(g.stats().spilled_bytes);
     }
-    assert_eq!(spills[0], 4000, "a 12,000-byte cycle outgrows a 10,400-byte slot");
+    assert_eq!(
+        spills[0], 4000,
+        "a 12,000-byte cycle outgrows a 10,400-byte slot"
+    );
     assert!(
         spills[3..].iter().all(|&s| s == 0),
         "the ring is rebuilt two cycles after the spill; spills per cycle: {spills:?}"
@@ -964,7 +967,11 @@ fn circular_reallocate_stops_spilling_once_the_ring_is_rebuilt() {
     let rebuilt = ws.workspace("RING_REBUILD").unwrap();
     assert_eq!(rebuilt.max_cycle, 12_000);
     assert_eq!(rebuilt.slots, 4, "a rebuilt ring keeps its slot count");
-    assert_eq!(rebuilt.size, capacity(4 * 12_000), "slots of max_cycle bytes");
+    assert_eq!(
+        rebuilt.size,
+        capacity(4 * 12_000),
+        "slots of max_cycle bytes"
+    );
 }
 
 // ---- location ------------------------------------------------------------------------
@@ -993,8 +1000,8 @@ fn mmap_workspace_round_trips_data_and_removes_its_temp_file() {
         assert_eq!(g.stats().size, 64 << 10);
         let m = g.alloc_memory(layout(60 << 10)).unwrap();
         let pattern: Vec<u8> = (0..m.len).map(|i| (i * 7 % 251) as u8).collect();
-        // SAFETY: fresh workspace memory of `m.len` bytes, checked just before.
         m.stamp.check("write", "X").unwrap();
+        // SAFETY: fresh workspace memory of `m.len` bytes, checked just before.
         unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), m.ptr.as_ptr(), m.len) };
         assert_eq!(read(&m), pattern);
         assert_eq!(g.stats().spilled_bytes, 0);
