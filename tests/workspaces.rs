@@ -9,13 +9,13 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-use ndmem::alloc::{Limits, Pool};
+use ndmem::alloc::{AllocError, Limits, Pool};
 use ndmem::workspace::{
     allocate_in, allocate_in_current, allocate_in_parent, parent_of_current, WorkspaceMemory,
 };
 use ndmem::{
-    workspaces, AllocationPolicy, Error, LearningPolicy, LocationPolicy, MirroringPolicy,
-    ResetPolicy, SpillPolicy, WorkspaceConfig,
+    workspaces, AllocationPolicy, Error, LearningPolicy, LocationPolicy, MemorySource,
+    MirroringPolicy, ResetPolicy, SpillPolicy, WorkspaceConfig,
 };
 
 /// Bytes the pool really hands out for a request of `bytes` (its size class).
@@ -971,6 +971,65 @@ fn circular_reallocate_stops_spilling_once_the_ring_is_rebuilt() {
         rebuilt.size,
         capacity(4 * 12_000),
         "slots of max_cycle bytes"
+    );
+}
+
+// ---- memory source -------------------------------------------------------------------
+
+#[test]
+fn a_workspace_draws_from_its_own_source_within_its_limit() {
+    // The buffer and the spills come from the configured source's pool, whose limit
+    // applies; the global pool is checked in workspace_pool_counters.rs.
+    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(64 << 10).build()));
+    let cfg = WorkspaceConfig::builder().source(source).build().unwrap();
+    assert_eq!(cfg.source(), source);
+    assert_eq!(WorkspaceConfig::default().source(), MemorySource::global());
+    let ws = workspaces();
+    {
+        let g = ws.get_and_activate(&cfg, "OWN_SOURCE").unwrap();
+        fill(&g, 4, 1000);
+        let spills = source.pool().stats();
+        assert_eq!(
+            spills.live_bytes,
+            4 * capacity(1000),
+            "the first cycle spills into it"
+        );
+        assert_eq!(spills.workspace_bytes, spills.live_bytes);
+    }
+    let size = ws.workspace("OWN_SOURCE").unwrap().size;
+    assert_eq!(size, capacity(5248), "learned: 4,032 x 1.3, rounded to 16");
+    assert_eq!(
+        source.pool().stats().live_bytes,
+        size,
+        "the learned buffer is its block"
+    );
+    let g = ws.get_and_activate(&cfg, "OWN_SOURCE").unwrap();
+    fill(&g, 4, 1000);
+    assert_eq!(g.stats().spilled_bytes, 0);
+    match g.alloc(layout(100 << 10)) {
+        Err(Error::Alloc(e @ AllocError::OutOfMemory { requested, .. })) => {
+            assert_eq!(requested, 100 << 10);
+            assert!(e.to_string().contains("102400 bytes"), "{e}");
+        }
+        other => panic!("a spill over the source's limit must fail, got {other:?}"),
+    }
+    drop(g);
+    // The configuration of the first creation wins, as for every other setting.
+    let other = MemorySource::new(Pool::new(Limits::unlimited()));
+    let again = cfg.to_builder().source(other).build().unwrap();
+    let before = source.pool().stats().total_allocated_bytes;
+    {
+        let g = ws.get_and_activate(&again, "OWN_SOURCE").unwrap();
+        fill(&g, 2, 10_000);
+        assert!(g.stats().spilled_bytes > 0);
+    }
+    assert_eq!(other.pool().stats().total_allocated_bytes, 0);
+    assert!(source.pool().stats().total_allocated_bytes > before);
+    ws.destroy("OWN_SOURCE").unwrap();
+    assert_eq!(
+        source.pool().stats().live_bytes,
+        0,
+        "destroy gives the buffer back"
     );
 }
 
