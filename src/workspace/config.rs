@@ -371,82 +371,83 @@ pub struct WorkspaceConfigBuilder {
 }
 
 impl WorkspaceConfigBuilder {
-    /// Bytes of the buffer created with the workspace, before overallocation [0: learned].
+    /// Bytes of the buffer created with the workspace, before overallocation (default 0:
+    /// learned).
     /// ND4J: `initialSize`.
     pub fn initial_size(mut self, bytes: usize) -> Self {
         self.config.initial_size = bytes;
         self
     }
 
-    /// Smallest learned buffer [0]. ND4J: `minSize`.
+    /// Smallest learned buffer (default 0). ND4J: `minSize`.
     pub fn min_size(mut self, bytes: usize) -> Self {
         self.config.min_size = bytes;
         self
     }
 
-    /// Largest buffer [0 = unbounded]. ND4J: `maxSize`.
+    /// Largest buffer (default 0 = unbounded). ND4J: `maxSize`.
     pub fn max_size(mut self, bytes: usize) -> Self {
         self.config.max_size = bytes;
         self
     }
 
-    /// Overallocation as a fraction [0.3]. ND4J: `overallocationLimit`.
+    /// Overallocation as a fraction (default 0.3). ND4J: `overallocationLimit`.
     pub fn overallocation_limit(mut self, limit: f64) -> Self {
         self.config.overallocation_limit = limit;
         self
     }
 
-    /// Alignment of every allocation, a power of two up to 4096 [16].
+    /// Alignment of every allocation, a power of two up to 4096 (default 16).
     pub fn alignment(mut self, bytes: usize) -> Self {
         self.config.alignment = bytes;
         self
     }
 
-    /// [`AllocationPolicy`] [Overallocate]. ND4J: `policyAllocation`.
+    /// [`AllocationPolicy`] (default Overallocate). ND4J: `policyAllocation`.
     pub fn policy_allocation(mut self, policy: AllocationPolicy) -> Self {
         self.config.policy_allocation = policy;
         self
     }
 
-    /// [`LearningPolicy`] [FirstLoop]. ND4J: `policyLearning`.
+    /// [`LearningPolicy`] (default FirstLoop). ND4J: `policyLearning`.
     pub fn policy_learning(mut self, policy: LearningPolicy) -> Self {
         self.config.policy_learning = policy;
         self
     }
 
-    /// Cycles [`LearningPolicy::OverTime`] waits [0 = after the first].
+    /// Cycles [`LearningPolicy::OverTime`] waits (default 0 = after the first).
     /// ND4J: `cyclesBeforeInitialization`.
     pub fn cycles_before_initialization(mut self, cycles: u64) -> Self {
         self.config.cycles_before_initialization = cycles;
         self
     }
 
-    /// [`SpillPolicy`] [External]. ND4J: `policySpill`.
+    /// [`SpillPolicy`] (default External). ND4J: `policySpill`.
     pub fn policy_spill(mut self, policy: SpillPolicy) -> Self {
         self.config.policy_spill = policy;
         self
     }
 
-    /// [`ResetPolicy`] [BlockLeft]. ND4J: `policyReset`.
+    /// [`ResetPolicy`] (default BlockLeft). ND4J: `policyReset`.
     pub fn policy_reset(mut self, policy: ResetPolicy) -> Self {
         self.config.policy_reset = policy;
         self
     }
 
-    /// [`LocationPolicy`] [Ram]. ND4J: `policyLocation`.
+    /// [`LocationPolicy`] (default Ram). ND4J: `policyLocation`.
     pub fn policy_location(mut self, policy: LocationPolicy) -> Self {
         self.config.policy_location = policy;
         self
     }
 
-    /// [`MirroringPolicy`] [Full]. ND4J: `policyMirroring`.
+    /// [`MirroringPolicy`] (default Full). ND4J: `policyMirroring`.
     pub fn policy_mirroring(mut self, policy: MirroringPolicy) -> Self {
         self.config.policy_mirroring = policy;
         self
     }
 
     /// The [`MemorySource`] whose pool the workspace draws every byte from (its buffer,
-    /// its spills, the bytes of a mapped file) [the global pool]. Its limits apply: a
+    /// its spills, the bytes of a mapped file); default: the global pool. Its limits apply: a
     /// request the pool refuses fails with [`Error::Alloc`]. Like every other setting, it
     /// is read when the workspace is created; entering an existing workspace with another
     /// source keeps the first.

@@ -12,13 +12,13 @@
 //! [`Stamp::check`], which refuses memory of an ended cycle, of a destroyed workspace, or
 //! of another thread (circular workspaces: only destroyed).
 //!
-//! Modules, each using only those listed before it:
-//! - `sizing`: size arithmetic and ring geometry (pure, no `unsafe`);
+//! Modules, each using only those listed before it (in parentheses: which):
 //! - `slots`, `state`: the atomics shared across threads (ring slot counts, the stamp's
-//!   state word), modelled with loom;
-//! - `config`: policies and their validation; `stats`: the figures;
+//!   state word), on `crate::sync` alone so that loom can model them;
+//! - `config`: policies and their validation, the memory source; `stats`: the figures;
+//! - `sizing` (config): size arithmetic and ring geometry, pure, `unsafe` forbidden;
 //! - `stamp` (state): validity tokens;
-//! - `buffer` (config, slots): the buffer, pool block or mapped file;
+//! - `buffer` (config, slots): the buffer, a pool block or a mapped file;
 //! - `bump` (sizing): the running cycle's region; `spill` (buffer, sizing, stamp);
 //!   `ring` (buffer, sizing, stamp);
 //! - `arena` (all of the above): one workspace's cycles;
