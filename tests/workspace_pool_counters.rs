@@ -57,7 +57,7 @@ fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
         .build()
         .unwrap();
 
-    // semantics §2: "after it has learned its size, a cycle allocates nothing from the pool
+    // Semantics §2: "after it has learned its size, a cycle allocates nothing from the pool
     // or the OS". The first cycle spills and learns, the second settles the stack and caches.
     let expected = cycle(&outer, &inner);
     assert_eq!(cycle(&outer, &inner), expected);
@@ -90,7 +90,7 @@ fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
     }
     ws.destroy_all_for_current_thread();
 
-    // semantics §2.2: External spills are freed when the cycle ends; the buffer stays.
+    // Semantics §2.2: External spills are freed when the cycle ends; the buffer stays.
     let baseline = pool.stats().live_bytes;
     let small = WorkspaceConfig::builder()
         .initial_size(1024)
@@ -119,7 +119,7 @@ fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
         "destroy frees the buffer"
     );
 
-    // semantics §2.2 Decision: a thread's workspaces are freed when it exits.
+    // Semantics §2.2 Decision: a thread's workspaces are freed when it exits.
     let before_thread = pool.stats();
     let mapped = std::thread::spawn(|| {
         let ws = workspaces();

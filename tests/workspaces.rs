@@ -1,4 +1,4 @@
-//! Workspaces: one test per clause of SEMANTICS 2, plus the validity stamps of SEMANTICS 3
+//! Workspaces: one test per clause of semantics §2, plus the validity stamps of semantics §3
 //! and the allocator_api2 integration.
 //!
 //! Tests run on parallel threads of one process. Workspaces are per thread, so ids never
@@ -64,7 +64,7 @@ fn config_error(result: Result<WorkspaceConfig, Error>) -> String {
 
 #[test]
 fn defaults_are_those_of_the_contract() {
-    // SEMANTICS 2.1
+    // Semantics §2.1
     let cfg = WorkspaceConfig::default();
     assert_eq!(cfg, WorkspaceConfig::builder().build().unwrap());
     assert_eq!(
@@ -105,7 +105,7 @@ fn defaults_are_those_of_the_contract() {
 
 #[test]
 fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
-    // SEMANTICS 2.1: initial_size > max_size (when max_size > 0)
+    // Semantics §2.1: initial_size > max_size (when max_size > 0)
     let e = config_error(
         WorkspaceConfig::builder()
             .initial_size(200)
@@ -219,7 +219,7 @@ fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
 
 #[test]
 fn every_allocation_is_aligned_to_the_workspace_or_the_layout() {
-    // SEMANTICS 2.1: offsets rounded to max(alignment, layout.align()); padding is used.
+    // Semantics §2.1: offsets rounded to max(alignment, layout.align()); padding is used.
     let cfg = strict().initial_size(4096).alignment(64).build().unwrap();
     let ws = workspaces();
     let g = ws.get_and_activate(&cfg, "ALIGN").unwrap();
@@ -262,7 +262,7 @@ fn zero_size_requests_get_an_aligned_dangling_pointer_and_overflow_is_an_error()
 
 #[test]
 fn enter_creates_increments_generation_and_leave_restores() {
-    // SEMANTICS 2.2: enter creates on first use, makes current, increments generation.
+    // Semantics §2.2: enter creates on first use, makes current, increments generation.
     let ws = workspaces();
     let cfg = WorkspaceConfig::default();
     assert!(ws.workspace("LIFE").is_none());
@@ -280,7 +280,7 @@ fn enter_creates_increments_generation_and_leave_restores() {
 
 #[test]
 fn block_left_rewinds_every_cycle_to_the_same_memory() {
-    // SEMANTICS 2.2: with BlockLeft each cycle rewinds the offset to 0.
+    // Semantics §2.2: with BlockLeft each cycle rewinds the offset to 0.
     let cfg = strict().initial_size(4096).build().unwrap();
     let ws = workspaces();
     let first = {
@@ -296,7 +296,7 @@ fn block_left_rewinds_every_cycle_to_the_same_memory() {
 
 #[test]
 fn external_spills_are_freed_at_cycle_end_and_the_buffer_does_not_grow() {
-    // SEMANTICS 2.2 / 2.3: External spills count toward the cycle, are freed when it ends,
+    // Semantics §2.2, §2.3: External spills count toward the cycle, are freed when it ends,
     // and the buffer keeps its size.
     let cfg = strict().initial_size(1024).build().unwrap();
     let ws = workspaces();
@@ -320,7 +320,7 @@ fn external_spills_are_freed_at_cycle_end_and_the_buffer_does_not_grow() {
 
 #[test]
 fn fail_policy_errors_and_leaves_the_offset_unchanged() {
-    // SEMANTICS 2.2: Fail returns a "workspace is full" error naming the workspace, the
+    // Semantics §2.2: Fail returns a "workspace is full" error naming the workspace, the
     // request and the remaining bytes.
     let cfg = strict()
         .initial_size(1024)
@@ -354,7 +354,7 @@ fn fail_policy_errors_and_leaves_the_offset_unchanged() {
 
 #[test]
 fn nested_workspaces_restore_the_previous_current_one_and_track_parents() {
-    // SEMANTICS 2.5: entering B while A is current makes A B's parent; leaving B restores A.
+    // Semantics §2.5: entering B while A is current makes A B's parent; leaving B restores A.
     let cfg = strict().initial_size(4096).build().unwrap();
     let ws = workspaces();
     let a = ws.get_and_activate(&cfg, "OUTER").unwrap();
@@ -387,7 +387,7 @@ fn nested_workspaces_restore_the_previous_current_one_and_track_parents() {
 
 #[test]
 fn reentering_the_current_workspace_only_nests() {
-    // SEMANTICS 2.2: re-entry increments a nesting counter: no new generation, no rewind.
+    // Semantics §2.2: re-entry increments a nesting counter: no new generation, no rewind.
     let cfg = strict().initial_size(4096).build().unwrap();
     let ws = workspaces();
     let outer = ws.get_and_activate(&cfg, "REENTER").unwrap();
@@ -411,7 +411,7 @@ fn reentering_the_current_workspace_only_nests() {
 
 #[test]
 fn destroy_frees_and_invalidates_and_unknown_ids_are_errors() {
-    // SEMANTICS 2.2 Destroy, 2.5 manager.
+    // Semantics §2.2 Destroy, §2.5 manager.
     let ws = workspaces();
     let cfg = strict().initial_size(4096).build().unwrap();
     assert_eq!(
@@ -451,7 +451,7 @@ fn destroy_frees_and_invalidates_and_unknown_ids_are_errors() {
 
 #[test]
 fn destroying_an_open_workspace_defers_the_free_to_its_last_guard() {
-    // SEMANTICS 2.2: destroy invalidates at once; the guard still owns the memory it lent.
+    // Semantics §2.2: destroy invalidates at once; the guard still owns the memory it lent.
     let ws = workspaces();
     let cfg = strict().initial_size(4096).build().unwrap();
     let g = ws.get_and_activate(&cfg, "DEFER").unwrap();
@@ -471,7 +471,7 @@ fn destroying_an_open_workspace_defers_the_free_to_its_last_guard() {
 
 #[test]
 fn statistics_have_every_figure_and_a_printed_form() {
-    // SEMANTICS 2.5: buffer size, used, max cycle, spilled, pinned, cycles, generation.
+    // Semantics §2.5: buffer size, used, max cycle, spilled, pinned, cycles, generation.
     let ws = workspaces();
     let cfg = strict().initial_size(2048).build().unwrap();
     {
@@ -497,7 +497,7 @@ fn statistics_have_every_figure_and_a_printed_form() {
 
 #[test]
 fn first_loop_learns_max_cycle_times_1_3_after_the_first_cycle() {
-    // SEMANTICS 2.3: FirstLoop from size 0: the first cycle spills everything; at its end
+    // Semantics §2.3: FirstLoop from size 0: the first cycle spills everything; at its end
     // the buffer is max_cycle x 1.3.
     let ws = workspaces();
     let cfg = WorkspaceConfig::default();
@@ -517,7 +517,7 @@ fn first_loop_learns_max_cycle_times_1_3_after_the_first_cycle() {
 
 #[test]
 fn strict_learns_exactly_max_cycle() {
-    // SEMANTICS 2.1 / 2.3: Strict does not overallocate.
+    // Semantics §2.1, §2.3: Strict does not overallocate.
     let ws = workspaces();
     let cfg = strict().build().unwrap();
     fill(&ws.get_and_activate(&cfg, "STRICT").unwrap(), 10, 1000);
@@ -533,7 +533,7 @@ fn strict_learns_exactly_max_cycle() {
 
 #[test]
 fn learned_size_is_clamped_to_min_and_max() {
-    // SEMANTICS 2.3: clamped to [min_size, max_size].
+    // Semantics §2.3: clamped to [min_size, max_size].
     let ws = workspaces();
     let small = WorkspaceConfig::builder()
         .min_size(64 << 10)
@@ -548,7 +548,7 @@ fn learned_size_is_clamped_to_min_and_max() {
 
 #[test]
 fn over_time_learns_after_n_cycles_from_the_largest() {
-    // SEMANTICS 2.3: OverTime spills until cycles >= cycles_before_initialization.
+    // Semantics §2.3: OverTime spills until cycles >= cycles_before_initialization.
     let ws = workspaces();
     let cfg = strict()
         .policy_learning(LearningPolicy::OverTime)
@@ -572,7 +572,7 @@ fn over_time_learns_after_n_cycles_from_the_largest() {
 
 #[test]
 fn learning_none_never_creates_a_buffer() {
-    // SEMANTICS 2.3: None: the size never changes.
+    // Semantics §2.3: None: the size never changes.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
         .policy_learning(LearningPolicy::None)
@@ -588,7 +588,7 @@ fn learning_none_never_creates_a_buffer() {
 
 #[test]
 fn initial_size_never_relearns() {
-    // SEMANTICS 2.3: with initial_size > 0 the buffer exists from the start and FirstLoop
+    // Semantics §2.3: with initial_size > 0 the buffer exists from the start and FirstLoop
     // does nothing more.
     let ws = workspaces();
     for learning in [LearningPolicy::FirstLoop, LearningPolicy::OverTime] {
@@ -611,7 +611,7 @@ fn initial_size_never_relearns() {
 
 #[test]
 fn reallocate_grows_the_buffer_to_max_cycle_at_cycle_end() {
-    // SEMANTICS 2.3: a cycle that spilled ends by reallocating the buffer to max_cycle
+    // Semantics §2.3: a cycle that spilled ends by reallocating the buffer to max_cycle
     // (clamped to max_size, no overallocation), so the next cycle fits.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
@@ -647,7 +647,7 @@ fn reallocate_grows_the_buffer_to_max_cycle_at_cycle_end() {
 
 #[test]
 fn reallocate_before_the_first_learning_only_frees_spills() {
-    // SEMANTICS 2.3: before the first learning, spills are only freed.
+    // Semantics §2.3: before the first learning, spills are only freed.
     let ws = workspaces();
     let cfg = strict()
         .policy_learning(LearningPolicy::OverTime)
@@ -682,7 +682,7 @@ fn ring(slots: f64) -> WorkspaceConfig {
 
 #[test]
 fn circular_first_cycle_learns_block_and_slots() {
-    // SEMANTICS 2.4: block = first cycle x 1.3, buffer = block x (1 + limit),
+    // Semantics §2.4: block = first cycle x 1.3, buffer = block x (1 + limit),
     // slots = floor(1 + limit).
     let ws = workspaces();
     let cfg = ring(3.5);
@@ -700,9 +700,9 @@ fn circular_first_cycle_learns_block_and_slots() {
 
 #[test]
 fn circular_memory_stays_intact_until_the_ring_wraps() {
-    // SEMANTICS 2.4: each cycle starts at a slot boundary; a cycle's memory stays valid
+    // Semantics §2.4: each cycle starts at a slot boundary; a cycle's memory stays valid
     // until the ring wraps over it, and the ring never wraps over memory still referenced
-    // (SEMANTICS 3 Decision: the safe API never reads memory being reused).
+    // (semantics §3 Decision: the safe API never reads memory being reused).
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
         .initial_size(1024)
@@ -751,7 +751,7 @@ fn circular_memory_stays_intact_until_the_ring_wraps() {
 
 #[test]
 fn a_ring_skips_slots_in_use_and_reuses_them_once_free() {
-    // SEMANTICS 2.4 with the validity Decision of 3: a slot whose memory is referenced is
+    // Semantics §2.4 with the validity Decision of §3: a slot whose memory is referenced is
     // skipped; the cycle goes to the next free slot, in ring order.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
@@ -797,7 +797,7 @@ fn a_ring_skips_slots_in_use_and_reuses_them_once_free() {
 
 #[test]
 fn a_one_slot_ring_spills_while_its_slot_is_in_use() {
-    // SEMANTICS 2.4: Strict makes a ring of one slot; it never overwrites live memory.
+    // Semantics §2.4: Strict makes a ring of one slot; it never overwrites live memory.
     let ws = workspaces();
     let cfg = strict()
         .initial_size(512)
@@ -827,7 +827,7 @@ fn a_one_slot_ring_spills_while_its_slot_is_in_use() {
 
 #[test]
 fn a_consumer_thread_never_sees_a_batch_overwritten() {
-    // SEMANTICS 2.4 and 6: a producer hands batches from a ring to a slower consumer; the
+    // Semantics §2.4 and §6: a producer hands batches from a ring to a slower consumer; the
     // ring must not lap the consumer, so every batch reads back as it was written.
     let (to_consumer, batches) = std::sync::mpsc::channel::<(u8, WorkspaceMemory)>();
     let consumer = std::thread::spawn(move || {
@@ -864,7 +864,7 @@ fn a_consumer_thread_never_sees_a_batch_overwritten() {
 
 #[test]
 fn circular_request_larger_than_the_buffer_spills_or_fails_without_looping() {
-    // SEMANTICS 2.4 Decision: never loop; spill or fail by policy. A cycle larger than a
+    // Semantics §2.4 Decision: never loop; spill or fail by policy. A cycle larger than a
     // block spills, and spills stay pinned for two cycles.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
@@ -908,7 +908,7 @@ fn circular_request_larger_than_the_buffer_spills_or_fails_without_looping() {
 
 #[test]
 fn circular_reallocate_rebuilds_the_ring_two_cycles_after_a_spill() {
-    // SEMANTICS 2.4: with Reallocate the ring is rebuilt larger once the spills are no
+    // Semantics §2.4: with Reallocate the ring is rebuilt larger once the spills are no
     // longer reachable (2 cycles later).
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
@@ -937,7 +937,7 @@ fn circular_reallocate_rebuilds_the_ring_two_cycles_after_a_spill() {
 
 #[test]
 fn circular_reallocate_stops_spilling_once_the_ring_is_rebuilt() {
-    // semantics §2.4: a ring that spills with Reallocate is rebuilt larger two cycles
+    // Semantics §2.4: a ring that spills with Reallocate is rebuilt larger two cycles
     // later, whatever the pool's size classes make of the old ring's capacity: cycles that
     // outgrew the learned slot spill for a bounded number of cycles, not forever.
     let ws = workspaces();
@@ -1037,7 +1037,7 @@ fn a_workspace_draws_from_its_own_source_within_its_limit() {
 
 #[test]
 fn mmap_workspace_round_trips_data_and_removes_its_temp_file() {
-    // SEMANTICS 2.1: policy_location Mmap; data written in a cycle reads back intact.
+    // Semantics §2.1: policy_location Mmap; data written in a cycle reads back intact.
     let ws = workspaces();
     let cfg = strict()
         .initial_size(64 << 10)
@@ -1209,7 +1209,7 @@ fn a_hashbrown_map_lives_in_the_workspace() {
 
 #[test]
 fn stamps_refuse_leaked_outdated_destroyed_and_foreign_memory() {
-    // SEMANTICS 3
+    // Semantics §3
     let ws = workspaces();
     let cfg = strict().initial_size(4096).build().unwrap();
     let old = {
@@ -1256,7 +1256,7 @@ fn stamps_refuse_leaked_outdated_destroyed_and_foreign_memory() {
 
 #[test]
 fn circular_stamps_are_exempt_but_destroyed_is_an_error_and_memory_stays_alive() {
-    // SEMANTICS 3: circular workspaces are exempt from the generation (and thread) check.
+    // Semantics §3: circular workspaces are exempt from the generation (and thread) check.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
         .initial_size(4096)
@@ -1294,7 +1294,7 @@ fn circular_stamps_are_exempt_but_destroyed_is_an_error_and_memory_stays_alive()
 
 #[test]
 fn a_thread_exit_destroys_its_workspaces() {
-    // SEMANTICS 2.2 Decision: a thread's workspaces are freed when it exits.
+    // Semantics §2.2 Decision: a thread's workspaces are freed when it exits.
     let (memory, circular) = std::thread::spawn(|| {
         let ws = workspaces();
         let g = ws
