@@ -266,11 +266,17 @@ pub mod tensor;
 #[cfg(not(ndmem_loom))]
 pub mod workspace;
 
-/// Under `--cfg ndmem_loom` only the modelled pieces are compiled, as public modules for
-/// the models in `loom-tests/`.
+// Under `--cfg ndmem_loom` only the pieces the loom models in `loom-tests/` check are
+// built, as public modules.
 #[cfg(ndmem_loom)]
 #[path = "memory/handoff.rs"]
 pub mod handoff;
+#[cfg(ndmem_loom)]
+#[path = "workspace/slots.rs"]
+pub mod workspace_slots;
+#[cfg(ndmem_loom)]
+#[path = "workspace/state.rs"]
+pub mod workspace_state;
 
 #[cfg(not(ndmem_loom))]
 pub use error::{Error, Result};
