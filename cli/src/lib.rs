@@ -1,34 +1,31 @@
-//! The `ndmem` command: trains a small classifier under three memory modes and compares
-//! them (`train`, the default), shows the effective limits (`limits`), and re-renders a
-//! report's chart (`report`).
+//! The `ndmem` command as a library: the Iris data, the MLP, the three memory modes a
+//! training step runs under, the measured training loop, the JSON report and its table,
+//! the SVG chart, and the `limits` subcommand. The binary (`src/main.rs`) installs the
+//! tracking allocator and calls [`run`]; the benchmarks use [`data`], [`model`] and
+//! [`modes`] directly.
 //!
 //! Invariant: every failure ends as one line `ndmem: ...` on stderr and a non-zero exit
 //! (2 for usage and configuration errors, 1 for failures while running); nothing panics
 //! on user input.
 //!
-//! Modules: `cli` (arguments), `data` (Iris), `model` (the MLP), `modes` (where a step's
-//! tensors live), `train` (runs and measures), `report` (JSON and table), `chart` (SVG),
-//! `limits` (the `limits` subcommand).
+//! Modules: [`args`] (the command line), [`data`] (Iris), [`model`] (the MLP), [`modes`]
+//! (where a step's tensors live), [`train`] (runs and measures), [`report`] (JSON and
+//! table), [`chart`] (SVG), [`limits`] (the `limits` subcommand).
 
-mod chart;
-mod cli;
-mod data;
-mod limits;
-mod model;
-mod modes;
-mod report;
-mod train;
+pub mod args;
+pub mod chart;
+pub mod data;
+pub mod limits;
+pub mod model;
+pub mod modes;
+pub mod report;
+pub mod train;
 
 use std::process::ExitCode;
 
-use ndmem::alloc::{heap, Tracking};
+use ndmem::alloc::heap;
 
-use cli::{Command, Stop};
-
-/// Every heap byte of the command is counted, so the reports can set heap figures beside
-/// the off-heap ones.
-#[global_allocator]
-static GLOBAL: Tracking<std::alloc::System> = Tracking::new(std::alloc::System);
+use args::{Command, Stop};
 
 /// A failure to report on one line, with its exit code.
 #[derive(Debug)]
@@ -55,31 +52,22 @@ impl Failure {
             code: 1,
         }
     }
-}
 
-/// Installs [`heap::exit_on_oom`] as the tracking allocator's OOM hook from the executable's
-/// initialisers, before the Rust runtime's own first allocation (which comes before
-/// `main`, and which a limit of a few bytes refuses). `main` installs it again on
-/// platforms without `.init_array`.
-#[cfg(target_os = "linux")]
-#[used]
-// SAFETY: `.init_array` entries are `extern "C" fn()` run once by the loader before `main`;
-// `install_oom_hook` has that type and only stores a function pointer.
-#[allow(unsafe_code)]
-#[link_section = ".init_array"]
-static INSTALL_OOM_HOOK: extern "C" fn() = install_oom_hook;
+    /// The line printed after `ndmem: ` (`None`: already printed).
+    pub fn message(&self) -> Option<&str> {
+        self.message.as_deref()
+    }
 
-/// Sets [`heap::exit_on_oom`] as the OOM hook (stores one pointer; allocates nothing):
-/// a refused heap allocation ends the command with one line and exit status 1.
-extern "C" fn install_oom_hook() {
-    heap::set_oom_hook(heap::exit_on_oom);
+    /// The exit status.
+    pub fn code(&self) -> u8 {
+        self.code
+    }
 }
 
 /// Parses the command line, checks the limits in the environment, runs the subcommand,
-/// and turns its outcome into an exit status (see the module's invariant).
-fn main() -> ExitCode {
-    install_oom_hook();
-    let cli = match cli::parse() {
+/// and turns its outcome into an exit status (see the crate's invariant).
+pub fn run() -> ExitCode {
+    let cli = match args::parse() {
         Ok(cli) => cli,
         Err(Stop::Shown) => return ExitCode::SUCCESS,
         Err(Stop::Usage(message)) => return fail(Failure::config(message)),
@@ -107,7 +95,7 @@ fn fail(failure: Failure) -> ExitCode {
     ExitCode::from(failure.code)
 }
 
-/// The limits from the environment must parse before anything runs (SEMANTICS 1:
+/// The limits from the environment must parse before anything runs (semantics §1:
 /// garbage is an error naming the variable, never a silent default).
 fn check_environment() -> Result<(), Failure> {
     if let Some(error) = heap::env_error() {
@@ -128,7 +116,7 @@ fn check_environment() -> Result<(), Failure> {
 }
 
 /// `ndmem report`: reads a JSON report, prints its table and writes its SVG.
-fn render_report(args: &cli::ReportArgs) -> Result<(), Failure> {
+fn render_report(args: &args::ReportArgs) -> Result<(), Failure> {
     let report = report::Report::read_json(&args.json).map_err(Failure::config)?;
     print!("{}", report.table());
     chart::write(&report, &args.output).map_err(Failure::runtime)?;

@@ -63,6 +63,7 @@ impl Mode {
 }
 
 /// A model and the memory discipline its steps follow.
+#[derive(Debug)]
 pub struct Trainer {
     /// Where the step's tensors live.
     mode: Mode,

@@ -211,6 +211,7 @@ fn size(text: &str) -> Result<usize, String> {
 }
 
 /// How parsing ended when it did not produce a [`Cli`].
+#[derive(Debug)]
 pub enum Stop {
     /// `--help` or `--version`: printed, exit 0.
     Shown,
