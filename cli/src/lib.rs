@@ -8,24 +8,29 @@
 //! (2 for usage and configuration errors, 1 for failures while running); nothing panics
 //! on user input.
 //!
-//! Modules: [`args`] (the command line), [`data`] (Iris), [`model`] (the MLP), [`modes`]
-//! (where a step's tensors live), [`train`] (runs and measures), [`report`] (JSON and
-//! table), [`chart`] (SVG), [`limits`] (the `limits` subcommand).
+//! Modules: [`args`] (the command line), [`env`] (the `NDMEM_*` variables), [`data`]
+//! (Iris), [`model`] (the MLP), [`modes`] (where a step's tensors live), [`train`] (runs
+//! and measures), [`report`] (JSON and table), [`chart`] (SVG), [`limits`] (the `limits`
+//! subcommand), [`paths`] (output files checked before work), [`out`] (stdout that a
+//! closed pipe cannot break).
+
+pub mod out;
 
 pub mod args;
 pub mod chart;
 pub mod data;
+pub mod env;
 pub mod limits;
 pub mod model;
 pub mod modes;
+pub mod paths;
 pub mod report;
 pub mod train;
 
 use std::process::ExitCode;
 
-use ndmem::alloc::heap;
-
 use args::{Command, Stop};
+use out::outln;
 
 /// A failure to report on one line, with its exit code.
 #[derive(Debug)]
@@ -64,20 +69,26 @@ impl Failure {
     }
 }
 
-/// Parses the command line, checks the limits in the environment, runs the subcommand,
-/// and turns its outcome into an exit status (see the crate's invariant).
+/// Checks the `NDMEM_*` variables, parses the command line, runs the subcommand, and
+/// turns its outcome into an exit status (see the crate's invariant). The environment
+/// comes first, so even `--version` refuses a garbage limit (one behaviour, one message).
 pub fn run() -> ExitCode {
+    let environment = match env::check() {
+        Ok(environment) => environment,
+        Err(failure) => return fail(failure),
+    };
     let cli = match args::parse() {
         Ok(cli) => cli,
         Err(Stop::Shown) => return ExitCode::SUCCESS,
         Err(Stop::Usage(message)) => return fail(Failure::config(message)),
     };
-    let result = check_environment().and_then(|()| match cli.command {
-        None => train::run(&cli.train.options()),
-        Some(Command::Train(args)) => train::run(&args.options()),
-        Some(Command::Limits) => limits::run(),
+    let result = match cli.command {
+        None => train::run(&cli.train.options(), &environment),
+        Some(Command::Train(args)) => train::run(&args.options(), &environment),
+        Some(Command::Limits) => limits::run(&environment),
         Some(Command::Report(args)) => render_report(&args),
-    });
+    }
+    .and_then(|()| out::finish().map_err(Failure::runtime));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => fail(failure),
@@ -95,31 +106,14 @@ fn fail(failure: Failure) -> ExitCode {
     ExitCode::from(failure.code)
 }
 
-/// The limits from the environment must parse before anything runs (semantics §1:
-/// garbage is an error naming the variable, never a silent default).
-fn check_environment() -> Result<(), Failure> {
-    if let Some(error) = heap::env_error() {
-        // The tracking allocator read NDMEM_MAX_HEAP at the program's first allocation and
-        // has already written one line naming the variable and its value; a second line
-        // would say the same again.
-        return Err(if heap::is_tracking() {
-            Failure {
-                message: None,
-                code: 2,
-            }
-        } else {
-            Failure::config(error.to_string())
-        });
-    }
-    ndmem::alloc::Limits::from_env().map_err(|e| Failure::config(e.to_string()))?;
-    Ok(())
-}
-
-/// `ndmem report`: reads a JSON report, prints its table and writes its SVG.
+/// `ndmem report`: reads a JSON report, prints its table and verdict, and writes its SVG
+/// (never over the JSON it reads).
 fn render_report(args: &args::ReportArgs) -> Result<(), Failure> {
+    paths::check_report_paths(&args.json, &args.output).map_err(Failure::config)?;
     let report = report::Report::read_json(&args.json).map_err(Failure::config)?;
-    print!("{}", report.table());
+    outln!("{}", report.table().trim_end());
+    outln!("{}", report.agreement().verdict());
     chart::write(&report, &args.output).map_err(Failure::runtime)?;
-    println!("wrote {}", args.output.display());
+    outln!("wrote {}", args.output.display());
     Ok(())
 }
