@@ -249,14 +249,14 @@ fn print_comparison(report: &Report) {
         if other.steps < 2 {
             // No step after the first: compare the one step there is.
             outln!(
-                "{}: {speed:.2}x pool's steps/s; {} pool allocs in its only step (pool {})",
+                "{} vs pool: {speed:.2}x steps/s; pool allocs in the only step: {} vs {}",
                 other.mode,
                 other.first_step_pool_allocations,
                 pool.first_step_pool_allocations
             );
         } else {
             outln!(
-                "{}: {speed:.2}x pool's steps/s; after step 1, {:.2} pool allocs/step (pool {:.2})",
+                "{} vs pool: {speed:.2}x steps/s; pool allocs/step after step 1: {:.2} vs {:.2}",
                 other.mode,
                 other.pool_allocations_per_step,
                 pool.pool_allocations_per_step
