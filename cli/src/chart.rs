@@ -248,7 +248,10 @@ fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Err
         // Headroom above the lines for the legend.
         let high = if high > low { high * 1.35 } else { low + 1.0 };
         let x_desc = if bucket > 1 {
-            format!("step (each point: {} of {bucket} steps)", panel.reduce.word())
+            format!(
+                "step (each point: {} of {bucket} steps)",
+                panel.reduce.word()
+            )
         } else {
             "step".to_string()
         };

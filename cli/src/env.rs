@@ -45,9 +45,9 @@ impl WorkspaceDebug {
     pub fn describe(self) -> Option<&'static str> {
         match self {
             WorkspaceDebug::Normal => None,
-            WorkspaceDebug::SpillEverything => Some(
-                "NDMEM_WORKSPACES=spill_everything: every workspace allocation spills",
-            ),
+            WorkspaceDebug::SpillEverything => {
+                Some("NDMEM_WORKSPACES=spill_everything: every workspace allocation spills")
+            }
             WorkspaceDebug::Bypass => {
                 Some("NDMEM_WORKSPACES=bypass: workspaces are off, their tensors are pool blocks")
             }

@@ -65,10 +65,7 @@ pub fn run(environment: &Environment) -> Result<(), Failure> {
                 "  {:<24} {percent:>12}  of each device, from the environment",
                 "NDMEM_MAX_DEVICE_BYTES"
             );
-            outln!(
-                "  {:<24} {:>12}  unresolved: no device layer yet",
-                "", ""
-            );
+            outln!("  {:<24} {:>12}  unresolved: no device layer yet", "", "");
         }
         None => row(
             "NDMEM_MAX_DEVICE_BYTES",
@@ -100,7 +97,8 @@ pub fn run(environment: &Environment) -> Result<(), Failure> {
         "  live {}  peak {}  limit {}  failed allocations {}",
         ByteSize(h.live_bytes),
         ByteSize(h.peak_bytes),
-        h.limit.map_or("none".to_string(), |l| ByteSize(l).to_string()),
+        h.limit
+            .map_or("none".to_string(), |l| ByteSize(l).to_string()),
         h.failed_allocations
     );
     outln!(

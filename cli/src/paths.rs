@@ -21,8 +21,12 @@ pub fn ensure_dir(dir: &Path, option: &str) -> Result<(), String> {
             dir.display()
         ));
     }
-    fs::create_dir_all(dir)
-        .map_err(|e| format!("{option} {}: cannot create the directory: {e}", dir.display()))
+    fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "{option} {}: cannot create the directory: {e}",
+            dir.display()
+        )
+    })
 }
 
 /// Refuses an output file whose directory is missing or that names a directory.

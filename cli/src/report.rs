@@ -548,10 +548,25 @@ mod tests {
 
     #[test]
     fn sizes_round_up_to_what_max_bytes_takes() {
-        for bytes in [0, 1, 1023, 1024, 1025, 37_440, 37_478, 99_999, 1 << 20, (10 << 20) + 1, usize::MAX / 4] {
+        for bytes in [
+            0,
+            1,
+            1023,
+            1024,
+            1025,
+            37_440,
+            37_478,
+            99_999,
+            1 << 20,
+            (10 << 20) + 1,
+            usize::MAX / 4,
+        ] {
             let text = size_up(bytes);
             let parsed = ndmem::alloc::parse_size(&text).unwrap();
-            assert!(parsed >= bytes && text.len() <= 6, "{bytes}: {text} = {parsed}");
+            assert!(
+                parsed >= bytes && text.len() <= 6,
+                "{bytes}: {text} = {parsed}"
+            );
             if bytes >= 1024 {
                 // Three significant digits: within 1% above.
                 assert!((parsed as f64) < bytes as f64 * 1.01, "{bytes}: {text}");
@@ -568,7 +583,11 @@ mod tests {
         let mut m = mode("pool", &[1.0, 0.5]);
         m.series.heap_live_bytes.pop();
         let error = report(vec![m]).validate().unwrap_err();
-        assert!(error.contains("\"pool\" ran 2 steps") && error.contains("heap_live_bytes holds 1 value"), "{error}");
+        assert!(
+            error.contains("\"pool\" ran 2 steps")
+                && error.contains("heap_live_bytes holds 1 value"),
+            "{error}"
+        );
         assert!(report(vec![mode("pool", &[1.0])]).validate().is_ok());
     }
 
@@ -613,7 +632,10 @@ mod tests {
         assert!(lines[2].starts_with("pool ") && lines[3].starts_with("workspaces"));
         assert!(lines[3].contains("90.0%") && lines[3].contains(" 8.00K "));
         assert!(lines[4].starts_with("steps/s: 1 / median step time"));
-        assert!(lines.last().unwrap().starts_with("--max-bytes 8.00K or more runs"));
+        assert!(lines
+            .last()
+            .unwrap()
+            .starts_with("--max-bytes 8.00K or more runs"));
         assert!(lines.iter().all(|l| l.chars().count() <= 80), "{table}");
         // Every cell ends where its header ends.
         let ends = |line: &str| -> Vec<usize> {

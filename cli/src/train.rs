@@ -19,8 +19,7 @@ use crate::model::Dims;
 use crate::modes::{Mode, Trainer};
 use crate::out::outln;
 use crate::report::{
-    mean_after_first, plural, steps_per_sec, Agreement, ModeReport, Report,
-    RunConfig, Series,
+    mean_after_first, plural, steps_per_sec, Agreement, ModeReport, Report, RunConfig, Series,
 };
 use crate::{chart, limits, paths, Failure};
 
@@ -170,7 +169,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         })?;
         if keep_bars {
             bar.finish_with_message(format!(
-                "{}, test acc {:.1}%",
+                "{}, acc {:.1}%",
                 measured
                     .final_loss
                     .map_or_else(|| "-".to_string(), |l| format!("{l:.4}")),
@@ -270,7 +269,7 @@ fn print_comparison(report: &Report) {
 fn progress_bar(mode: Mode, total: u64) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     if let Ok(style) =
-        ProgressStyle::with_template("{prefix:>10} [{bar:20}] {pos:>6}/{len} {rate:>8}  loss {msg}")
+        ProgressStyle::with_template("{prefix:>10} [{bar:16}] {pos:>5}/{len} {rate:>7} loss {msg}")
     {
         // Whole steps per second: indicatif's own {per_sec} prints every digit.
         let rate = |state: &ProgressState, w: &mut dyn std::fmt::Write| {

@@ -8,7 +8,11 @@ use super::*;
 fn bad_input_is_one_line_and_a_nonzero_exit() {
     let dir = temp_dir("bad-input");
     let cases: [BadInput; 16] = [
-        (&["--max-bytes", "-1"], &[], "--max-bytes <SIZE>': sizes cannot be negative"),
+        (
+            &["--max-bytes", "-1"],
+            &[],
+            "--max-bytes <SIZE>': sizes cannot be negative",
+        ),
         (&["--batch", "0"], &[], "--batch"),
         (&["train", "--epochs", "-1"], &[], "--epochs"),
         (&["--mode", "fast"], &[], "'fast'"),
@@ -76,7 +80,12 @@ fn garbage_heap_limit_is_one_behaviour_and_one_message() {
     // own warning ("not applied") is not shown, the command refuses the value for every
     // invocation, `--version` and `--help` included, with the hint every variable gives.
     let dir = temp_dir("bad-heap");
-    for args in [&["--steps", "2"][..], &["--version"], &["--help"], &["limits"]] {
+    for args in [
+        &["--steps", "2"][..],
+        &["--version"],
+        &["--help"],
+        &["limits"],
+    ] {
         let out = ndmem(&dir, args, &[("NDMEM_MAX_HEAP", "garbage")]);
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
@@ -108,10 +117,13 @@ fn the_workspace_variable_is_checked_before_any_work() {
         assert!(out.stdout.is_empty(), "{args:?}: no work before the check");
     }
     // The README's table of variables lists it.
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-        .unwrap();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
     assert!(
-        readme.lines().any(|l| l.starts_with("| `NDMEM_WORKSPACES` |")),
+        readme
+            .lines()
+            .any(|l| l.starts_with("| `NDMEM_WORKSPACES` |")),
         "README lists NDMEM_WORKSPACES"
     );
 }
@@ -142,7 +154,12 @@ fn output_paths_are_checked_before_training() {
             "exists and is not a directory",
         ),
         (
-            &["report", "new/reports/ndmem-report.json", "-o", "new/../new/reports/ndmem-report.json"],
+            &[
+                "report",
+                "new/reports/ndmem-report.json",
+                "-o",
+                "new/../new/reports/ndmem-report.json",
+            ],
             &[],
             "names the JSON report being read",
         ),

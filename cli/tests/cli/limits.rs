@@ -66,11 +66,16 @@ fn a_device_percentage_is_a_share_of_each_device_not_of_ram() {
         line.contains("50%") && line.contains("of each device"),
         "{line}"
     );
-    assert!(!line.contains("iB"), "not resolved against host RAM: {line}");
+    assert!(
+        !line.contains("iB"),
+        "not resolved against host RAM: {line}"
+    );
     assert!(next.contains("unresolved: no device layer yet"), "{next}");
     // The workspace debug mode has its row too.
     assert!(
-        lines.iter().any(|l| l.trim_start().starts_with("NDMEM_WORKSPACES")),
+        lines
+            .iter()
+            .any(|l| l.trim_start().starts_with("NDMEM_WORKSPACES")),
         "{stdout}"
     );
 }

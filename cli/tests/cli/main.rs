@@ -116,4 +116,3 @@ fn numbers(value: &Value) -> Vec<f64> {
         .map(|v| v.as_f64().expect("series values are numbers"))
         .collect()
 }
-

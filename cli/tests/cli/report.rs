@@ -29,7 +29,10 @@ fn the_loss_title_says_what_comparing_the_series_found() {
         loss_title(&svg),
         "Training loss: same f32 bits in all 3 modes, 12 steps"
     );
-    assert!(stdout.contains("identical across modes: yes (12 steps"), "{stdout}");
+    assert!(
+        stdout.contains("identical across modes: yes (12 steps"),
+        "{stdout}"
+    );
 
     // Edited so that scopes departs at step 3: the chart and the verdict say so.
     let mut json = read_json(&dir.join("ndmem-report.json"));
@@ -41,15 +44,24 @@ fn the_loss_title_says_what_comparing_the_series_found() {
         "Training loss: scopes differs from pool at step 3"
     );
     assert!(!svg.contains("same f32 bits"));
-    assert!(stdout.contains("NO (scopes departs from pool at step 3)"), "{stdout}");
+    assert!(
+        stdout.contains("NO (scopes departs from pool at step 3)"),
+        "{stdout}"
+    );
 
     // One mode: nothing was compared, and nothing is claimed.
     let mut json = read_json(&dir.join("ndmem-report.json"));
     json["modes"].as_array_mut().unwrap().truncate(1);
     write_json(&dir.join("single.json"), &json);
     let (stdout, svg) = render(&dir, "single.json");
-    assert_eq!(loss_title(&svg), "Training loss (one mode: nothing compared)");
-    assert!(stdout.contains("one mode ran, nothing to compare"), "{stdout}");
+    assert_eq!(
+        loss_title(&svg),
+        "Training loss (one mode: nothing compared)"
+    );
+    assert!(
+        stdout.contains("one mode ran, nothing to compare"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -76,8 +88,14 @@ fn legends_give_the_figures_of_the_lines_and_buckets_are_named() {
         let off_heap = format!("{mode} (highest {})", ndmem::alloc::ByteSize(top));
         assert!(texts.contains(&off_heap), "{off_heap}: {texts:?}");
     }
-    assert!(!svg.contains("1.00 GiB"), "no legend gives a figure not drawn");
-    assert!(!svg.contains("each point"), "12 steps: every step is a point");
+    assert!(
+        !svg.contains("1.00 GiB"),
+        "no legend gives a figure not drawn"
+    );
+    assert!(
+        !svg.contains("each point"),
+        "12 steps: every step is a point"
+    );
 
     // 900 steps make 300 points of 3 steps each: the axes say how they were reduced.
     let mut json = read_json(&dir.join("ndmem-report.json"));

@@ -51,7 +51,11 @@ fn every_line_of_output_fits_80_columns() {
         assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
         outputs.push((args[0].to_string(), text(&out.stdout)));
     }
-    let out = ndmem(&dir, &["--steps", "1", "--mode", "workspaces"], &[("NDMEM_WORKSPACES", "spill_everything")]);
+    let out = ndmem(
+        &dir,
+        &["--steps", "1", "--mode", "workspaces"],
+        &[("NDMEM_WORKSPACES", "spill_everything")],
+    );
     outputs.push(("one step".to_string(), text(&out.stdout)));
     for (what, stdout) in outputs {
         for line in stdout.lines() {
@@ -240,7 +244,10 @@ fn no_stale_progress_line_stays_when_stdout_goes_elsewhere() {
 fn the_screen_replays_what_a_terminal_shows() {
     let mut screen = Screen::default();
     screen.feed(b"abc\r\nde\x1b[1A\rX\x1b[2B\rlast\x1b[1A\x1b[2K");
-    assert_eq!(screen.visible(), vec!["Xbc".to_string(), "last".to_string()]);
+    assert_eq!(
+        screen.visible(),
+        vec!["Xbc".to_string(), "last".to_string()]
+    );
     let mut screen = Screen::default();
     screen.feed(b"one\r\ntwo\r\n\x1b[2A\x1b[J");
     assert!(screen.visible().is_empty(), "{:?}", screen.visible());

@@ -220,7 +220,11 @@ fn the_tables_used_peak_is_a_limit_that_runs_the_modes() {
             assert!(m["peak_pool_used_bytes"].as_u64().unwrap() as usize <= size(&offered));
         }
         // A user who takes that figure as the limit succeeds.
-        let again: Vec<&str> = args.iter().copied().chain(["--max-bytes", &offered]).collect();
+        let again: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(["--max-bytes", &offered])
+            .collect();
         let out = ndmem(&dir, &again, &[]);
         assert!(
             out.status.success(),
@@ -250,11 +254,7 @@ fn larger_limits_never_fail_where_smaller_ones_succeed() {
         .expect("some limit up to 48K runs every mode");
     assert!(first > 0, "8K is too small to train: the sweep must cross");
     for (kib, ok, stderr) in &outcomes[first..] {
-        assert!(
-            ok,
-            "{}K ran but {kib}K failed: {stderr}",
-            outcomes[first].0
-        );
+        assert!(ok, "{}K ran but {kib}K failed: {stderr}", outcomes[first].0);
     }
 }
 
@@ -272,14 +272,18 @@ fn a_single_step_run_says_what_it_ran() {
     assert!(!stdout.contains("1 steps"), "{stdout}");
     assert!(!stdout.contains("after step 1"), "{stdout}");
     assert!(
-        stdout.contains("workspaces vs pool: ") && stdout.contains("pool allocs in the only step: "),
+        stdout.contains("workspaces vs pool: ")
+            && stdout.contains("pool allocs in the only step: "),
         "{stdout}"
     );
 
     let svg = std::fs::read_to_string(dir.join("ndmem-report.svg")).unwrap();
     // One step makes no line: each mode is a dot in each of the four panels.
     let doc = roxmltree::Document::parse(&svg).unwrap();
-    let dots = doc.descendants().filter(|n| n.has_tag_name("circle")).count();
+    let dots = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("circle"))
+        .count();
     assert_eq!(dots, 12, "{svg}");
     // Tick labels on one axis share a `y`: none repeats (no "1 1 1 1 1 2 2").
     let mut by_row: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -293,10 +297,7 @@ fn a_single_step_run_says_what_it_ran() {
         unique.sort();
         unique.dedup();
         // Two panels side by side share a row: each label at most once per panel.
-        assert!(
-            labels.len() <= 2 * unique.len(),
-            "row y={y}: {labels:?}"
-        );
+        assert!(labels.len() <= 2 * unique.len(), "row y={y}: {labels:?}");
         for label in &unique {
             assert!(
                 labels.iter().filter(|l| *l == label).count() <= 2,
