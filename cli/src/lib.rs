@@ -35,8 +35,8 @@ use out::outln;
 /// A failure to report on one line, with its exit code.
 #[derive(Debug)]
 pub struct Failure {
-    /// The line to print after `ndmem: ` (`None`: already printed).
-    message: Option<String>,
+    /// The line to print after `ndmem: `.
+    message: String,
     /// The exit status.
     code: u8,
 }
@@ -45,7 +45,7 @@ impl Failure {
     /// Bad input or configuration (exit 2).
     pub fn config(message: impl Into<String>) -> Failure {
         Failure {
-            message: Some(message.into()),
+            message: message.into(),
             code: 2,
         }
     }
@@ -53,14 +53,14 @@ impl Failure {
     /// A failure while running (exit 1).
     pub fn runtime(message: impl Into<String>) -> Failure {
         Failure {
-            message: Some(message.into()),
+            message: message.into(),
             code: 1,
         }
     }
 
-    /// The line printed after `ndmem: ` (`None`: already printed).
-    pub fn message(&self) -> Option<&str> {
-        self.message.as_deref()
+    /// The line printed after `ndmem: `.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 
     /// The exit status.
@@ -95,14 +95,15 @@ pub fn run() -> ExitCode {
     }
 }
 
-/// Prints `failure` as one `ndmem: ...` line on stderr (unless it was printed already)
-/// and gives its exit status.
+/// Prints `failure` as one `ndmem: ...` line on stderr and gives its exit status.
 fn fail(failure: Failure) -> ExitCode {
-    if let Some(message) = failure.message {
-        // One line, whatever the underlying message held.
-        let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
-        eprintln!("ndmem: {message}");
-    }
+    // One line, whatever the underlying message held.
+    let message = failure
+        .message
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("ndmem: {message}");
     ExitCode::from(failure.code)
 }
 
