@@ -36,8 +36,8 @@ pub struct Cli {
 pub enum Command {
     /// Train a small MLP on the Iris data under each memory mode and compare them (default).
     Train(TrainArgs),
-    /// Show the effective memory limits, where each came from, heap and pool statistics,
-    /// and whether a CUDA driver is present.
+    /// Show the effective memory limits, where each came from, the workspace debug mode,
+    /// heap and pool statistics, and whether a CUDA driver is present.
     Limits,
     /// Re-render the SVG chart from a JSON report of `ndmem train`.
     Report(ReportArgs),

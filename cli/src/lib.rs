@@ -8,7 +8,7 @@
 //! (2 for usage and configuration errors, 1 for failures while running); nothing panics
 //! on user input.
 //!
-//! Modules: [`args`] (the command line), [`env`] (the `NDMEM_*` variables), [`data`]
+//! Modules: [`args`] (the command line), [`env`](mod@env) (the `NDMEM_*` variables), [`data`]
 //! (Iris), [`model`] (the MLP), [`modes`] (where a step's tensors live), [`train`] (runs
 //! and measures), [`report`] (JSON and table), [`chart`] (SVG), [`limits`] (the `limits`
 //! subcommand), [`paths`] (output files checked before work), [`out`] (stdout that a
