@@ -106,7 +106,7 @@ impl Arena {
         let circular = config.is_circular();
         let sizing = Sizing::of(config);
         let arena = Arena {
-            shared: Arc::new(Shared::new(id, circular)),
+            shared: Arc::new(Shared::new(id, circular, config.source())),
             settings: Settings {
                 config: config.clone(),
                 sizing,

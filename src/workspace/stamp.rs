@@ -24,6 +24,7 @@ use std::thread::ThreadId;
 
 use super::state::{generation_of, opened, StateWord, DESTROYED, OPEN};
 use crate::error::Error;
+use crate::memory::MemorySource;
 
 /// A number naming the calling thread, unique for the life of the process (never reused,
 /// unlike addresses of thread-locals). Costs one thread-local read once assigned.
@@ -63,6 +64,8 @@ pub(crate) struct Shared {
     owner_token: u64,
     owner: ThreadId,
     circular: bool,
+    /// Where the workspace's memory comes from (and where copies out of it go).
+    source: MemorySource,
     state: StateWord,
     /// Live [`ViewPin`]s: borrowed views of this workspace's memory that must not see it
     /// recycled (non-circular workspaces only).
@@ -71,12 +74,13 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// State of a new workspace of the calling thread: closed, generation 0.
-    pub(crate) fn new(id: &str, circular: bool) -> Shared {
+    pub(crate) fn new(id: &str, circular: bool, source: MemorySource) -> Shared {
         Shared {
             id: id.into(),
             owner_token: thread_token(),
             owner: std::thread::current().id(),
             circular,
+            source,
             state: StateWord::new(),
             views: AtomicUsize::new(0),
         }
@@ -250,6 +254,11 @@ impl Stamp {
         &self.shared.id
     }
 
+    /// The memory source of the workspace the memory lives in.
+    pub fn source(&self) -> MemorySource {
+        self.shared.source
+    }
+
     /// The generation (cycle number, from 1) the memory was allocated in.
     pub fn generation(&self) -> u64 {
         generation_of(self.expected)
@@ -326,7 +335,7 @@ mod tests {
 
     #[test]
     fn is_in_names_only_the_live_workspace_of_this_thread() {
-        let shared = Arc::new(Shared::new("T", false));
+        let shared = Arc::new(Shared::new("T", false, MemorySource::global()));
         shared.open(1);
         let stamp = Stamp::new(shared.clone(), 1, None);
         assert!(stamp.is_in("T"));
@@ -347,7 +356,7 @@ mod tests {
 
     #[test]
     fn a_stamp_follows_the_state_word() {
-        let shared = Arc::new(Shared::new("T", false));
+        let shared = Arc::new(Shared::new("T", false, MemorySource::global()));
         shared.open(1);
         let stamp = Stamp::new(shared.clone(), 1, None);
         assert!(stamp.check("op", "X").is_ok());
