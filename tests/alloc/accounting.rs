@@ -22,7 +22,7 @@ fn reservations_count_outside_memory_against_the_limit() {
     assert!(pool.allocate(4 * MIB, 64).is_ok());
 }
 
-/// semantics §1: total allocated and freed bytes and counts, consistent with live bytes.
+/// Total allocated and freed bytes and counts, consistent with live bytes (semantics §1).
 #[test]
 fn totals_count_every_byte_handed_out_and_given_back() {
     let pool = pool_with(64 * MIB);

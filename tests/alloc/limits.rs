@@ -76,7 +76,7 @@ fn the_physical_limit_is_checked_when_memory_comes_from_the_os() {
     assert!(pool.allocate(8 * MIB, 64).is_ok());
 }
 
-/// semantics §1: four threads allocate against a tight pool limit for a bounded time. The
+/// Four threads allocate against a tight pool limit for a bounded time (semantics §1): the
 /// limit is never passed, every success is usable, and everything is given back.
 #[test]
 fn limit_holds_under_four_threads() {
