@@ -1,4 +1,4 @@
-//! `NDMEM_WORKSPACES` debug modes (SEMANTICS 2.5). The variable is read once per process,
+//! `NDMEM_WORKSPACES` debug modes (semantics §2.5). The variable is read once per process,
 //! so the test runs itself again as a child process for each value.
 
 use std::alloc::Layout;

@@ -1,13 +1,17 @@
 //! Workspace figures that can only be read from process-wide counters: the pool's
-//! allocation count and live bytes. One test in its own binary, so no other test's pool
-//! traffic runs beside it. Heap allocations are counted per thread by the counting
+//! allocation count and live bytes. The tests of this binary take turns (one lock), so no
+//! other test's pool traffic runs beside them. Heap allocations are counted per thread by the counting
 //! allocator of tests/common/counting.rs, so they are attributable exactly.
 
 use std::alloc::Layout;
+use std::sync::Mutex;
 
-use ndmem::alloc::Pool;
+use ndmem::alloc::{Limits, Pool};
 use ndmem::workspace::allocate_in_current;
-use ndmem::{workspaces, LocationPolicy, ResetPolicy, SpillPolicy, WorkspaceConfig};
+use ndmem::{workspaces, LocationPolicy, MemorySource, ResetPolicy, SpillPolicy, WorkspaceConfig};
+
+/// Held by each test: the global pool's counters are the process's.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 #[path = "common/counting.rs"]
 mod counting;
@@ -44,6 +48,7 @@ fn cycle(outer: &WorkspaceConfig, inner: &WorkspaceConfig) -> u64 {
 
 #[test]
 fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let pool = Pool::global();
     let ws = workspaces();
     let outer = WorkspaceConfig::default();
@@ -52,7 +57,7 @@ fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
         .build()
         .unwrap();
 
-    // SEMANTICS 2: "after it has learned its size, a cycle allocates nothing from the pool
+    // Semantics §2: "after it has learned its size, a cycle allocates nothing from the pool
     // or the OS". The first cycle spills and learns, the second settles the stack and caches.
     let expected = cycle(&outer, &inner);
     assert_eq!(cycle(&outer, &inner), expected);
@@ -85,7 +90,7 @@ fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
     }
     ws.destroy_all_for_current_thread();
 
-    // SEMANTICS 2.2: External spills are freed when the cycle ends; the buffer stays.
+    // Semantics §2.2: External spills are freed when the cycle ends; the buffer stays.
     let baseline = pool.stats().live_bytes;
     let small = WorkspaceConfig::builder()
         .initial_size(1024)
@@ -114,7 +119,7 @@ fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
         "destroy frees the buffer"
     );
 
-    // SEMANTICS 2.2 Decision: a thread's workspaces are freed when it exits.
+    // Semantics §2.2 Decision: a thread's workspaces are freed when it exits.
     let before_thread = pool.stats();
     let mapped = std::thread::spawn(|| {
         let ws = workspaces();
@@ -159,4 +164,69 @@ fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
     let after_thread = pool.stats();
     assert_eq!(after_thread.live_bytes, before_thread.live_bytes);
     assert_eq!(after_thread.workspace_bytes, before_thread.workspace_bytes);
+}
+
+#[test]
+fn a_workspace_with_its_own_source_leaves_the_global_pool_alone() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let source = MemorySource::new(Pool::new(Limits::unlimited()));
+    let configs = [
+        WorkspaceConfig::default(),
+        WorkspaceConfig::builder()
+            .initial_size(1 << 20)
+            .policy_spill(SpillPolicy::Reallocate)
+            .build()
+            .unwrap(),
+        WorkspaceConfig::builder()
+            .policy_reset(ResetPolicy::EndOfBuffer)
+            .overallocation_limit(2.0)
+            .build()
+            .unwrap(),
+        WorkspaceConfig::builder()
+            .initial_size(256 << 10)
+            .policy_location(LocationPolicy::Mmap { path: None })
+            .build()
+            .unwrap(),
+    ]
+    .map(|cfg| cfg.to_builder().source(source).build().unwrap());
+    let ws = workspaces();
+    let global = Pool::global().stats();
+    let mut kept = Vec::new();
+    for round in 0..4 {
+        for (i, cfg) in configs.iter().enumerate() {
+            let g = ws.get_and_activate(cfg, &format!("OWN_{i}")).unwrap();
+            for _ in 0..10 + round {
+                g.alloc(Layout::from_size_align(100_000, 16).unwrap())
+                    .unwrap();
+            }
+            kept.push(g.alloc_memory(Layout::new::<u64>()).unwrap());
+        }
+    }
+    let own = source.pool().stats();
+    assert!(
+        own.workspace_bytes >= (1 << 20) + (256 << 10),
+        "buffers, spills and the mapped file's bytes come from the source: {own:?}"
+    );
+    assert!(own.total_allocated_bytes >= 4 * 10 * 100_000);
+    let after = Pool::global().stats();
+    assert_eq!(
+        (
+            after.allocations,
+            after.total_allocated_bytes,
+            after.live_bytes
+        ),
+        (
+            global.allocations,
+            global.total_allocated_bytes,
+            global.live_bytes
+        ),
+        "the global pool did not move"
+    );
+    drop(kept);
+    ws.destroy_all_for_current_thread();
+    assert_eq!(
+        source.pool().stats().live_bytes,
+        0,
+        "destroy gives it all back"
+    );
 }

@@ -1,4 +1,4 @@
-//! Workspaces: one test per clause of SEMANTICS 2, plus the validity stamps of SEMANTICS 3
+//! Workspaces: one test per clause of semantics §2, plus the validity stamps of semantics §3
 //! and the allocator_api2 integration.
 //!
 //! Tests run on parallel threads of one process. Workspaces are per thread, so ids never
@@ -9,13 +9,13 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-use ndmem::alloc::{Limits, Pool};
+use ndmem::alloc::{AllocError, Limits, Pool};
 use ndmem::workspace::{
     allocate_in, allocate_in_current, allocate_in_parent, parent_of_current, WorkspaceMemory,
 };
 use ndmem::{
-    workspaces, AllocationPolicy, Error, LearningPolicy, LocationPolicy, MirroringPolicy,
-    ResetPolicy, SpillPolicy, WorkspaceConfig,
+    workspaces, AllocationPolicy, Error, LearningPolicy, LocationPolicy, MemorySource,
+    MirroringPolicy, ResetPolicy, SpillPolicy, WorkspaceConfig,
 };
 
 /// Bytes the pool really hands out for a request of `bytes` (its size class).
@@ -64,7 +64,7 @@ fn config_error(result: Result<WorkspaceConfig, Error>) -> String {
 
 #[test]
 fn defaults_are_those_of_the_contract() {
-    // SEMANTICS 2.1
+    // Semantics §2.1
     let cfg = WorkspaceConfig::default();
     assert_eq!(cfg, WorkspaceConfig::builder().build().unwrap());
     assert_eq!(
@@ -105,7 +105,7 @@ fn defaults_are_those_of_the_contract() {
 
 #[test]
 fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
-    // SEMANTICS 2.1: initial_size > max_size (when max_size > 0)
+    // Semantics §2.1: initial_size > max_size (when max_size > 0)
     let e = config_error(
         WorkspaceConfig::builder()
             .initial_size(200)
@@ -219,7 +219,7 @@ fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
 
 #[test]
 fn every_allocation_is_aligned_to_the_workspace_or_the_layout() {
-    // SEMANTICS 2.1: offsets rounded to max(alignment, layout.align()); padding is used.
+    // Semantics §2.1: offsets rounded to max(alignment, layout.align()); padding is used.
     let cfg = strict().initial_size(4096).alignment(64).build().unwrap();
     let ws = workspaces();
     let g = ws.get_and_activate(&cfg, "ALIGN").unwrap();
@@ -262,7 +262,7 @@ fn zero_size_requests_get_an_aligned_dangling_pointer_and_overflow_is_an_error()
 
 #[test]
 fn enter_creates_increments_generation_and_leave_restores() {
-    // SEMANTICS 2.2: enter creates on first use, makes current, increments generation.
+    // Semantics §2.2: enter creates on first use, makes current, increments generation.
     let ws = workspaces();
     let cfg = WorkspaceConfig::default();
     assert!(ws.workspace("LIFE").is_none());
@@ -280,7 +280,7 @@ fn enter_creates_increments_generation_and_leave_restores() {
 
 #[test]
 fn block_left_rewinds_every_cycle_to_the_same_memory() {
-    // SEMANTICS 2.2: with BlockLeft each cycle rewinds the offset to 0.
+    // Semantics §2.2: with BlockLeft each cycle rewinds the offset to 0.
     let cfg = strict().initial_size(4096).build().unwrap();
     let ws = workspaces();
     let first = {
@@ -296,7 +296,7 @@ fn block_left_rewinds_every_cycle_to_the_same_memory() {
 
 #[test]
 fn external_spills_are_freed_at_cycle_end_and_the_buffer_does_not_grow() {
-    // SEMANTICS 2.2 / 2.3: External spills count toward the cycle, are freed when it ends,
+    // Semantics §2.2, §2.3: External spills count toward the cycle, are freed when it ends,
     // and the buffer keeps its size.
     let cfg = strict().initial_size(1024).build().unwrap();
     let ws = workspaces();
@@ -320,7 +320,7 @@ fn external_spills_are_freed_at_cycle_end_and_the_buffer_does_not_grow() {
 
 #[test]
 fn fail_policy_errors_and_leaves_the_offset_unchanged() {
-    // SEMANTICS 2.2: Fail returns a "workspace is full" error naming the workspace, the
+    // Semantics §2.2: Fail returns a "workspace is full" error naming the workspace, the
     // request and the remaining bytes.
     let cfg = strict()
         .initial_size(1024)
@@ -354,7 +354,7 @@ fn fail_policy_errors_and_leaves_the_offset_unchanged() {
 
 #[test]
 fn nested_workspaces_restore_the_previous_current_one_and_track_parents() {
-    // SEMANTICS 2.5: entering B while A is current makes A B's parent; leaving B restores A.
+    // Semantics §2.5: entering B while A is current makes A B's parent; leaving B restores A.
     let cfg = strict().initial_size(4096).build().unwrap();
     let ws = workspaces();
     let a = ws.get_and_activate(&cfg, "OUTER").unwrap();
@@ -387,7 +387,7 @@ fn nested_workspaces_restore_the_previous_current_one_and_track_parents() {
 
 #[test]
 fn reentering_the_current_workspace_only_nests() {
-    // SEMANTICS 2.2: re-entry increments a nesting counter: no new generation, no rewind.
+    // Semantics §2.2: re-entry increments a nesting counter: no new generation, no rewind.
     let cfg = strict().initial_size(4096).build().unwrap();
     let ws = workspaces();
     let outer = ws.get_and_activate(&cfg, "REENTER").unwrap();
@@ -411,7 +411,7 @@ fn reentering_the_current_workspace_only_nests() {
 
 #[test]
 fn destroy_frees_and_invalidates_and_unknown_ids_are_errors() {
-    // SEMANTICS 2.2 Destroy, 2.5 manager.
+    // Semantics §2.2 Destroy, §2.5 manager.
     let ws = workspaces();
     let cfg = strict().initial_size(4096).build().unwrap();
     assert_eq!(
@@ -451,7 +451,7 @@ fn destroy_frees_and_invalidates_and_unknown_ids_are_errors() {
 
 #[test]
 fn destroying_an_open_workspace_defers_the_free_to_its_last_guard() {
-    // SEMANTICS 2.2: destroy invalidates at once; the guard still owns the memory it lent.
+    // Semantics §2.2: destroy invalidates at once; the guard still owns the memory it lent.
     let ws = workspaces();
     let cfg = strict().initial_size(4096).build().unwrap();
     let g = ws.get_and_activate(&cfg, "DEFER").unwrap();
@@ -471,7 +471,7 @@ fn destroying_an_open_workspace_defers_the_free_to_its_last_guard() {
 
 #[test]
 fn statistics_have_every_figure_and_a_printed_form() {
-    // SEMANTICS 2.5: buffer size, used, max cycle, spilled, pinned, cycles, generation.
+    // Semantics §2.5: buffer size, used, max cycle, spilled, pinned, cycles, generation.
     let ws = workspaces();
     let cfg = strict().initial_size(2048).build().unwrap();
     {
@@ -497,7 +497,7 @@ fn statistics_have_every_figure_and_a_printed_form() {
 
 #[test]
 fn first_loop_learns_max_cycle_times_1_3_after_the_first_cycle() {
-    // SEMANTICS 2.3: FirstLoop from size 0: the first cycle spills everything; at its end
+    // Semantics §2.3: FirstLoop from size 0: the first cycle spills everything; at its end
     // the buffer is max_cycle x 1.3.
     let ws = workspaces();
     let cfg = WorkspaceConfig::default();
@@ -517,7 +517,7 @@ fn first_loop_learns_max_cycle_times_1_3_after_the_first_cycle() {
 
 #[test]
 fn strict_learns_exactly_max_cycle() {
-    // SEMANTICS 2.1 / 2.3: Strict does not overallocate.
+    // Semantics §2.1, §2.3: Strict does not overallocate.
     let ws = workspaces();
     let cfg = strict().build().unwrap();
     fill(&ws.get_and_activate(&cfg, "STRICT").unwrap(), 10, 1000);
@@ -533,7 +533,7 @@ fn strict_learns_exactly_max_cycle() {
 
 #[test]
 fn learned_size_is_clamped_to_min_and_max() {
-    // SEMANTICS 2.3: clamped to [min_size, max_size].
+    // Semantics §2.3: clamped to [min_size, max_size].
     let ws = workspaces();
     let small = WorkspaceConfig::builder()
         .min_size(64 << 10)
@@ -548,7 +548,7 @@ fn learned_size_is_clamped_to_min_and_max() {
 
 #[test]
 fn over_time_learns_after_n_cycles_from_the_largest() {
-    // SEMANTICS 2.3: OverTime spills until cycles >= cycles_before_initialization.
+    // Semantics §2.3: OverTime spills until cycles >= cycles_before_initialization.
     let ws = workspaces();
     let cfg = strict()
         .policy_learning(LearningPolicy::OverTime)
@@ -572,7 +572,7 @@ fn over_time_learns_after_n_cycles_from_the_largest() {
 
 #[test]
 fn learning_none_never_creates_a_buffer() {
-    // SEMANTICS 2.3: None: the size never changes.
+    // Semantics §2.3: None: the size never changes.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
         .policy_learning(LearningPolicy::None)
@@ -588,7 +588,7 @@ fn learning_none_never_creates_a_buffer() {
 
 #[test]
 fn initial_size_never_relearns() {
-    // SEMANTICS 2.3: with initial_size > 0 the buffer exists from the start and FirstLoop
+    // Semantics §2.3: with initial_size > 0 the buffer exists from the start and FirstLoop
     // does nothing more.
     let ws = workspaces();
     for learning in [LearningPolicy::FirstLoop, LearningPolicy::OverTime] {
@@ -611,7 +611,7 @@ fn initial_size_never_relearns() {
 
 #[test]
 fn reallocate_grows_the_buffer_to_max_cycle_at_cycle_end() {
-    // SEMANTICS 2.3: a cycle that spilled ends by reallocating the buffer to max_cycle
+    // Semantics §2.3: a cycle that spilled ends by reallocating the buffer to max_cycle
     // (clamped to max_size, no overallocation), so the next cycle fits.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
@@ -647,7 +647,7 @@ fn reallocate_grows_the_buffer_to_max_cycle_at_cycle_end() {
 
 #[test]
 fn reallocate_before_the_first_learning_only_frees_spills() {
-    // SEMANTICS 2.3: before the first learning, spills are only freed.
+    // Semantics §2.3: before the first learning, spills are only freed.
     let ws = workspaces();
     let cfg = strict()
         .policy_learning(LearningPolicy::OverTime)
@@ -682,7 +682,7 @@ fn ring(slots: f64) -> WorkspaceConfig {
 
 #[test]
 fn circular_first_cycle_learns_block_and_slots() {
-    // SEMANTICS 2.4: block = first cycle x 1.3, buffer = block x (1 + limit),
+    // Semantics §2.4: block = first cycle x 1.3, buffer = block x (1 + limit),
     // slots = floor(1 + limit).
     let ws = workspaces();
     let cfg = ring(3.5);
@@ -700,9 +700,9 @@ fn circular_first_cycle_learns_block_and_slots() {
 
 #[test]
 fn circular_memory_stays_intact_until_the_ring_wraps() {
-    // SEMANTICS 2.4: each cycle starts at a slot boundary; a cycle's memory stays valid
+    // Semantics §2.4: each cycle starts at a slot boundary; a cycle's memory stays valid
     // until the ring wraps over it, and the ring never wraps over memory still referenced
-    // (SEMANTICS 3 Decision: the safe API never reads memory being reused).
+    // (semantics §3 Decision: the safe API never reads memory being reused).
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
         .initial_size(1024)
@@ -751,7 +751,7 @@ fn circular_memory_stays_intact_until_the_ring_wraps() {
 
 #[test]
 fn a_ring_skips_slots_in_use_and_reuses_them_once_free() {
-    // SEMANTICS 2.4 with the validity Decision of 3: a slot whose memory is referenced is
+    // Semantics §2.4 with the validity Decision of §3: a slot whose memory is referenced is
     // skipped; the cycle goes to the next free slot, in ring order.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
@@ -797,7 +797,7 @@ fn a_ring_skips_slots_in_use_and_reuses_them_once_free() {
 
 #[test]
 fn a_one_slot_ring_spills_while_its_slot_is_in_use() {
-    // SEMANTICS 2.4: Strict makes a ring of one slot; it never overwrites live memory.
+    // Semantics §2.4: Strict makes a ring of one slot; it never overwrites live memory.
     let ws = workspaces();
     let cfg = strict()
         .initial_size(512)
@@ -827,7 +827,7 @@ fn a_one_slot_ring_spills_while_its_slot_is_in_use() {
 
 #[test]
 fn a_consumer_thread_never_sees_a_batch_overwritten() {
-    // SEMANTICS 2.4 and 6: a producer hands batches from a ring to a slower consumer; the
+    // Semantics §2.4 and §6: a producer hands batches from a ring to a slower consumer; the
     // ring must not lap the consumer, so every batch reads back as it was written.
     let (to_consumer, batches) = std::sync::mpsc::channel::<(u8, WorkspaceMemory)>();
     let consumer = std::thread::spawn(move || {
@@ -864,7 +864,7 @@ fn a_consumer_thread_never_sees_a_batch_overwritten() {
 
 #[test]
 fn circular_request_larger_than_the_buffer_spills_or_fails_without_looping() {
-    // SEMANTICS 2.4 Decision: never loop; spill or fail by policy. A cycle larger than a
+    // Semantics §2.4 Decision: never loop; spill or fail by policy. A cycle larger than a
     // block spills, and spills stay pinned for two cycles.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
@@ -908,7 +908,7 @@ fn circular_request_larger_than_the_buffer_spills_or_fails_without_looping() {
 
 #[test]
 fn circular_reallocate_rebuilds_the_ring_two_cycles_after_a_spill() {
-    // SEMANTICS 2.4: with Reallocate the ring is rebuilt larger once the spills are no
+    // Semantics §2.4: with Reallocate the ring is rebuilt larger once the spills are no
     // longer reachable (2 cycles later).
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
@@ -935,11 +935,109 @@ fn circular_reallocate_rebuilds_the_ring_two_cycles_after_a_spill() {
     assert_eq!(g.stats().spilled_bytes, 0);
 }
 
+#[test]
+fn circular_reallocate_stops_spilling_once_the_ring_is_rebuilt() {
+    // Semantics §2.4: a ring that spills with Reallocate is rebuilt larger two cycles
+    // later, whatever the pool's size classes make of the old ring's capacity: cycles that
+    // outgrew the learned slot spill for a bounded number of cycles, not forever.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(3.0)
+        .policy_spill(SpillPolicy::Reallocate)
+        .build()
+        .unwrap();
+    fill(&ws.get_and_activate(&cfg, "RING_REBUILD").unwrap(), 2, 4000);
+    let learned = ws.workspace("RING_REBUILD").unwrap();
+    assert_eq!(learned.slots, 4, "slots = floor(1 + 3.0)");
+    let mut spills = Vec::new();
+    for _ in 0..8 {
+        let g = ws.get_and_activate(&cfg, "RING_REBUILD").unwrap();
+        fill(&g, 3, 4000);
+        spills.push(g.stats().spilled_bytes);
+    }
+    assert_eq!(
+        spills[0], 4000,
+        "a 12,000-byte cycle outgrows a 10,400-byte slot"
+    );
+    assert!(
+        spills[3..].iter().all(|&s| s == 0),
+        "the ring is rebuilt two cycles after the spill; spills per cycle: {spills:?}"
+    );
+    let rebuilt = ws.workspace("RING_REBUILD").unwrap();
+    assert_eq!(rebuilt.max_cycle, 12_000);
+    assert_eq!(rebuilt.slots, 4, "a rebuilt ring keeps its slot count");
+    assert_eq!(
+        rebuilt.size,
+        capacity(4 * 12_000),
+        "slots of max_cycle bytes"
+    );
+}
+
+// ---- memory source -------------------------------------------------------------------
+
+#[test]
+fn a_workspace_draws_from_its_own_source_within_its_limit() {
+    // The buffer and the spills come from the configured source's pool, whose limit
+    // applies; the global pool is checked in workspace_pool_counters.rs.
+    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(64 << 10).build()));
+    let cfg = WorkspaceConfig::builder().source(source).build().unwrap();
+    assert_eq!(cfg.source(), source);
+    assert_eq!(WorkspaceConfig::default().source(), MemorySource::global());
+    let ws = workspaces();
+    {
+        let g = ws.get_and_activate(&cfg, "OWN_SOURCE").unwrap();
+        fill(&g, 4, 1000);
+        let spills = source.pool().stats();
+        assert_eq!(
+            spills.live_bytes,
+            4 * capacity(1000),
+            "the first cycle spills into it"
+        );
+        assert_eq!(spills.workspace_bytes, spills.live_bytes);
+    }
+    let size = ws.workspace("OWN_SOURCE").unwrap().size;
+    assert_eq!(size, capacity(5248), "learned: 4,032 x 1.3, rounded to 16");
+    assert_eq!(
+        source.pool().stats().live_bytes,
+        size,
+        "the learned buffer is its block"
+    );
+    let g = ws.get_and_activate(&cfg, "OWN_SOURCE").unwrap();
+    fill(&g, 4, 1000);
+    assert_eq!(g.stats().spilled_bytes, 0);
+    match g.alloc(layout(100 << 10)) {
+        Err(Error::Alloc(e @ AllocError::OutOfMemory { requested, .. })) => {
+            assert_eq!(requested, 100 << 10);
+            assert!(e.to_string().contains("102400 bytes"), "{e}");
+        }
+        other => panic!("a spill over the source's limit must fail, got {other:?}"),
+    }
+    drop(g);
+    // The configuration of the first creation wins, as for every other setting.
+    let other = MemorySource::new(Pool::new(Limits::unlimited()));
+    let again = cfg.to_builder().source(other).build().unwrap();
+    let before = source.pool().stats().total_allocated_bytes;
+    {
+        let g = ws.get_and_activate(&again, "OWN_SOURCE").unwrap();
+        fill(&g, 2, 10_000);
+        assert!(g.stats().spilled_bytes > 0);
+    }
+    assert_eq!(other.pool().stats().total_allocated_bytes, 0);
+    assert!(source.pool().stats().total_allocated_bytes > before);
+    ws.destroy("OWN_SOURCE").unwrap();
+    assert_eq!(
+        source.pool().stats().live_bytes,
+        0,
+        "destroy gives the buffer back"
+    );
+}
+
 // ---- location ------------------------------------------------------------------------
 
 #[test]
 fn mmap_workspace_round_trips_data_and_removes_its_temp_file() {
-    // SEMANTICS 2.1: policy_location Mmap; data written in a cycle reads back intact.
+    // Semantics §2.1: policy_location Mmap; data written in a cycle reads back intact.
     let ws = workspaces();
     let cfg = strict()
         .initial_size(64 << 10)
@@ -961,8 +1059,8 @@ fn mmap_workspace_round_trips_data_and_removes_its_temp_file() {
         assert_eq!(g.stats().size, 64 << 10);
         let m = g.alloc_memory(layout(60 << 10)).unwrap();
         let pattern: Vec<u8> = (0..m.len).map(|i| (i * 7 % 251) as u8).collect();
-        // SAFETY: fresh workspace memory of `m.len` bytes, checked just before.
         m.stamp.check("write", "X").unwrap();
+        // SAFETY: fresh workspace memory of `m.len` bytes, checked just before.
         unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), m.ptr.as_ptr(), m.len) };
         assert_eq!(read(&m), pattern);
         assert_eq!(g.stats().spilled_bytes, 0);
@@ -1042,6 +1140,47 @@ fn allocator_api2_vec_lives_in_the_workspace() {
 }
 
 #[test]
+fn allocator_grow_and_shrink_move_when_they_must_and_keep_the_bytes() {
+    use allocator_api2::alloc::Allocator;
+    let ws = workspaces();
+    let cfg = strict().initial_size(64 << 10).build().unwrap();
+    let g = ws.get_and_activate(&cfg, "VEC_MOVE").unwrap();
+    // Interleaved pushes: neither vector is the last allocation when it grows, so every
+    // growth moves it and copies its elements.
+    let mut a: allocator_api2::vec::Vec<u32, _> = allocator_api2::vec::Vec::new_in(&g);
+    let mut b: allocator_api2::vec::Vec<u32, _> = allocator_api2::vec::Vec::new_in(&g);
+    for i in 0..1000u32 {
+        a.push(i);
+        b.push(i * 3);
+    }
+    assert!(a.iter().copied().eq(0..1000));
+    assert!(b.iter().copied().eq((0..1000).map(|i| i * 3)));
+    // Shrinking to a stricter alignment than the block has moves it, keeping the prefix.
+    let old = Layout::from_size_align(100, 16).unwrap();
+    let block = loop {
+        let p = (&g).allocate(old).unwrap().cast::<u8>();
+        if p.as_ptr() as usize % 256 != 0 {
+            break p;
+        }
+    };
+    // SAFETY: `block` is a fresh allocation of 100 bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping((0..100u8).collect::<Vec<_>>().as_ptr(), block.as_ptr(), 100)
+    };
+    let new = Layout::from_size_align(50, 256).unwrap();
+    // SAFETY: `block` was allocated by this allocator with `old`; `new` is not larger.
+    let moved = unsafe { (&g).shrink(block, old, new) }
+        .unwrap()
+        .cast::<u8>();
+    assert_ne!(moved, block);
+    assert_eq!(moved.as_ptr() as usize % 256, 0);
+    // SAFETY: `moved` holds 50 bytes, valid until the cycle ends.
+    let bytes = unsafe { std::slice::from_raw_parts(moved.as_ptr(), 50) };
+    assert!(bytes.iter().copied().eq(0..50u8));
+    assert_eq!(g.stats().spilled_bytes, 0);
+}
+
+#[test]
 fn a_hashbrown_map_lives_in_the_workspace() {
     // The guard is an allocator_api2 Allocator, so hashbrown's maps can live in a cycle.
     let ws = workspaces();
@@ -1070,7 +1209,7 @@ fn a_hashbrown_map_lives_in_the_workspace() {
 
 #[test]
 fn stamps_refuse_leaked_outdated_destroyed_and_foreign_memory() {
-    // SEMANTICS 3
+    // Semantics §3
     let ws = workspaces();
     let cfg = strict().initial_size(4096).build().unwrap();
     let old = {
@@ -1117,7 +1256,7 @@ fn stamps_refuse_leaked_outdated_destroyed_and_foreign_memory() {
 
 #[test]
 fn circular_stamps_are_exempt_but_destroyed_is_an_error_and_memory_stays_alive() {
-    // SEMANTICS 3: circular workspaces are exempt from the generation (and thread) check.
+    // Semantics §3: circular workspaces are exempt from the generation (and thread) check.
     let ws = workspaces();
     let cfg = WorkspaceConfig::builder()
         .initial_size(4096)
@@ -1155,7 +1294,7 @@ fn circular_stamps_are_exempt_but_destroyed_is_an_error_and_memory_stays_alive()
 
 #[test]
 fn a_thread_exit_destroys_its_workspaces() {
-    // SEMANTICS 2.2 Decision: a thread's workspaces are freed when it exits.
+    // Semantics §2.2 Decision: a thread's workspaces are freed when it exits.
     let (memory, circular) = std::thread::spawn(|| {
         let ws = workspaces();
         let g = ws

@@ -123,11 +123,11 @@ impl Home {
         }
     }
 
-    /// The source a pool block was drawn from.
-    pub(crate) fn source(&self) -> Option<MemorySource> {
+    /// The source the bytes were drawn from: the pool block's, or the workspace's.
+    pub(crate) fn source(&self) -> MemorySource {
         match self {
-            Home::Pool(block) => Some(block.source),
-            Home::Workspace(_) => None,
+            Home::Pool(block) => block.source,
+            Home::Workspace(slot) => slot.stamp.source(),
         }
     }
 

@@ -164,8 +164,8 @@ impl Owned {
         self.home.stamp()
     }
 
-    /// The source of pool memory.
-    pub(crate) fn source(&self) -> Option<MemorySource> {
+    /// The source the memory was drawn from (a workspace's for workspace memory).
+    pub(crate) fn source(&self) -> MemorySource {
         self.home.source()
     }
 

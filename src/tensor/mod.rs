@@ -245,7 +245,7 @@ impl Tensor {
     /// let t = Tensor::zeros_in(&source, DType::F32, &[256])?;
     /// assert_eq!(source.pool().stats().live_bytes, 1024);
     /// let u = t.add_scalar(1.0)?;                  // outputs follow their first input
-    /// assert_eq!(u.source(), Some(source));
+    /// assert_eq!(u.source(), source);
     /// assert!(Tensor::zeros_in(&source, DType::F32, &[1 << 20]).is_err()); // its limit
     /// # Ok::<(), ndmem::Error>(())
     /// ```
@@ -410,8 +410,9 @@ impl Tensor {
         self.storage.stamp().map(|s| s.workspace_id())
     }
 
-    /// The memory source of a pool-backed tensor (`None` for workspace memory).
-    pub fn source(&self) -> Option<MemorySource> {
+    /// The memory source the tensor's bytes were drawn from: its pool block's, or for
+    /// workspace memory its workspace's (where [`Tensor::detach`] copies go).
+    pub fn source(&self) -> MemorySource {
         self.storage.source()
     }
 
@@ -555,10 +556,9 @@ impl Tensor {
         self.copy_to("copy", Placement::Auto(Some(&self.storage)))
     }
 
-    /// Where pool copies of this tensor go: its own source, or the global pool for
-    /// workspace memory.
+    /// Where pool copies of this tensor go: the source its bytes came from.
     fn pool_source(&self) -> MemorySource {
-        self.storage.source().unwrap_or_default()
+        self.storage.source()
     }
 
     /// A contiguous copy where `placement` says; the read checks the tensor (once).

@@ -80,10 +80,7 @@ impl NewStorage {
         let (source, owner) = match placement {
             Placement::Auto(first) => {
                 let owner = first.and_then(Owned::owner);
-                let source = first
-                    .and_then(Owned::source)
-                    .or_else(|| owner.as_ref().map(|o| o.source()))
-                    .unwrap_or_default();
+                let source = first.map(Owned::source).unwrap_or_default();
                 (source, owner)
             }
             Placement::Pool { source, owner } => (source, owner.cloned()),

@@ -1,4 +1,4 @@
-//! Workspace configuration: the policies of SEMANTICS 2.1, a builder, and the
+//! Workspace configuration: the policies of semantics §2.1, a builder, and the
 //! `NDMEM_WORKSPACES` debug mode.
 //!
 //! Invariant: a [`WorkspaceConfig`] value only exists if it passed [`WorkspaceConfigBuilder::build`]
@@ -13,8 +13,9 @@ use std::sync::OnceLock;
 use ndmem_alloc::ConfigError;
 
 use crate::error::Error;
+use crate::memory::MemorySource;
 
-/// The environment variable selecting a workspace debug mode (SEMANTICS 2.5).
+/// The environment variable selecting a workspace debug mode (semantics §2.5).
 pub const ENV_WORKSPACES: &str = "NDMEM_WORKSPACES";
 
 /// The largest workspace alignment (one page).
@@ -33,7 +34,7 @@ pub enum AllocationPolicy {
     Overallocate,
 }
 
-/// When a workspace that starts without a buffer learns its size (SEMANTICS 2.3).
+/// When a workspace that starts without a buffer learns its size (semantics §2.3).
 ///
 /// ND4J: `LearningPolicy` (`FIRST_LOOP`, `OVER_TIME`, `NONE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -48,7 +49,7 @@ pub enum LearningPolicy {
     None,
 }
 
-/// What happens to a request that does not fit in the buffer (SEMANTICS 2.2).
+/// What happens to a request that does not fit in the buffer (semantics §2.2).
 ///
 /// ND4J: `SpillPolicy` (`EXTERNAL`, `REALLOCATE`, `FAIL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -64,7 +65,7 @@ pub enum SpillPolicy {
     Fail,
 }
 
-/// Where the next cycle starts (SEMANTICS 2.2, 2.4).
+/// Where the next cycle starts (semantics §2.2, §2.4).
 ///
 /// ND4J: `ResetPolicy` (`BLOCK_LEFT`, `ENDOFBUFFER_REACHED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -102,7 +103,7 @@ pub enum LocationPolicy {
     },
 }
 
-/// Which sides of a host/device pair a workspace buffer exists on (SEMANTICS 5; only
+/// Which sides of a host/device pair a workspace buffer exists on (semantics §5; only
 /// meaningful with a device).
 ///
 /// ND4J: `MirroringPolicy` (`FULL`, `HOST_ONLY`).
@@ -115,7 +116,7 @@ pub enum MirroringPolicy {
     HostOnly,
 }
 
-/// A validated workspace configuration (SEMANTICS 2.1). Build it with
+/// A validated workspace configuration (semantics §2.1). Build it with
 /// [`WorkspaceConfig::builder`]; [`WorkspaceConfig::default`] holds the defaults.
 ///
 /// ND4J: `WorkspaceConfiguration`.
@@ -145,11 +146,13 @@ pub struct WorkspaceConfig {
     policy_reset: ResetPolicy,
     policy_location: LocationPolicy,
     policy_mirroring: MirroringPolicy,
+    source: MemorySource,
 }
 
 impl Default for WorkspaceConfig {
-    /// The defaults of SEMANTICS 2.1: no initial buffer, learned after the first loop,
-    /// overallocated by 30%, 16-byte alignment, external spills, block-left reset, in RAM.
+    /// The defaults of semantics §2.1: no initial buffer, learned after the first loop,
+    /// overallocated by 30%, 16-byte alignment, external spills, block-left reset, in RAM
+    /// of the global pool.
     fn default() -> Self {
         WorkspaceConfig {
             initial_size: 0,
@@ -164,6 +167,7 @@ impl Default for WorkspaceConfig {
             policy_reset: ResetPolicy::BlockLeft,
             policy_location: LocationPolicy::Ram,
             policy_mirroring: MirroringPolicy::Full,
+            source: MemorySource::global(),
         }
     }
 }
@@ -241,6 +245,12 @@ impl WorkspaceConfig {
     /// See [`MirroringPolicy`].
     pub fn policy_mirroring(&self) -> MirroringPolicy {
         self.policy_mirroring
+    }
+
+    /// Where the workspace's memory comes from: its buffer, its spills and the bytes of a
+    /// mapped file are drawn from (or reserved in) this source's pool.
+    pub fn source(&self) -> MemorySource {
+        self.source
     }
 
     /// Whether the workspace is a ring ([`ResetPolicy::EndOfBuffer`]).
@@ -353,7 +363,7 @@ impl WorkspaceConfig {
     }
 }
 
-/// Builds a [`WorkspaceConfig`]; [`WorkspaceConfigBuilder::build`] checks it (SEMANTICS 2.1).
+/// Builds a [`WorkspaceConfig`]; [`WorkspaceConfigBuilder::build`] checks it (semantics §2.1).
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct WorkspaceConfigBuilder {
@@ -361,89 +371,100 @@ pub struct WorkspaceConfigBuilder {
 }
 
 impl WorkspaceConfigBuilder {
-    /// Bytes of the buffer created with the workspace, before overallocation [0: learned].
+    /// Bytes of the buffer created with the workspace, before overallocation (default 0:
+    /// learned).
     /// ND4J: `initialSize`.
     pub fn initial_size(mut self, bytes: usize) -> Self {
         self.config.initial_size = bytes;
         self
     }
 
-    /// Smallest learned buffer [0]. ND4J: `minSize`.
+    /// Smallest learned buffer (default 0). ND4J: `minSize`.
     pub fn min_size(mut self, bytes: usize) -> Self {
         self.config.min_size = bytes;
         self
     }
 
-    /// Largest buffer [0 = unbounded]. ND4J: `maxSize`.
+    /// Largest buffer (default 0 = unbounded). ND4J: `maxSize`.
     pub fn max_size(mut self, bytes: usize) -> Self {
         self.config.max_size = bytes;
         self
     }
 
-    /// Overallocation as a fraction [0.3]. ND4J: `overallocationLimit`.
+    /// Overallocation as a fraction (default 0.3). ND4J: `overallocationLimit`.
     pub fn overallocation_limit(mut self, limit: f64) -> Self {
         self.config.overallocation_limit = limit;
         self
     }
 
-    /// Alignment of every allocation, a power of two up to 4096 [16].
+    /// Alignment of every allocation, a power of two up to 4096 (default 16).
     pub fn alignment(mut self, bytes: usize) -> Self {
         self.config.alignment = bytes;
         self
     }
 
-    /// [`AllocationPolicy`] [Overallocate]. ND4J: `policyAllocation`.
+    /// [`AllocationPolicy`] (default Overallocate). ND4J: `policyAllocation`.
     pub fn policy_allocation(mut self, policy: AllocationPolicy) -> Self {
         self.config.policy_allocation = policy;
         self
     }
 
-    /// [`LearningPolicy`] [FirstLoop]. ND4J: `policyLearning`.
+    /// [`LearningPolicy`] (default FirstLoop). ND4J: `policyLearning`.
     pub fn policy_learning(mut self, policy: LearningPolicy) -> Self {
         self.config.policy_learning = policy;
         self
     }
 
-    /// Cycles [`LearningPolicy::OverTime`] waits [0 = after the first].
+    /// Cycles [`LearningPolicy::OverTime`] waits (default 0 = after the first).
     /// ND4J: `cyclesBeforeInitialization`.
     pub fn cycles_before_initialization(mut self, cycles: u64) -> Self {
         self.config.cycles_before_initialization = cycles;
         self
     }
 
-    /// [`SpillPolicy`] [External]. ND4J: `policySpill`.
+    /// [`SpillPolicy`] (default External). ND4J: `policySpill`.
     pub fn policy_spill(mut self, policy: SpillPolicy) -> Self {
         self.config.policy_spill = policy;
         self
     }
 
-    /// [`ResetPolicy`] [BlockLeft]. ND4J: `policyReset`.
+    /// [`ResetPolicy`] (default BlockLeft). ND4J: `policyReset`.
     pub fn policy_reset(mut self, policy: ResetPolicy) -> Self {
         self.config.policy_reset = policy;
         self
     }
 
-    /// [`LocationPolicy`] [Ram]. ND4J: `policyLocation`.
+    /// [`LocationPolicy`] (default Ram). ND4J: `policyLocation`.
     pub fn policy_location(mut self, policy: LocationPolicy) -> Self {
         self.config.policy_location = policy;
         self
     }
 
-    /// [`MirroringPolicy`] [Full]. ND4J: `policyMirroring`.
+    /// [`MirroringPolicy`] (default Full). ND4J: `policyMirroring`.
     pub fn policy_mirroring(mut self, policy: MirroringPolicy) -> Self {
         self.config.policy_mirroring = policy;
         self
     }
 
+    /// The [`MemorySource`] whose pool the workspace draws every byte from (its buffer,
+    /// its spills, the bytes of a mapped file); default: the global pool. Its limits apply: a
+    /// request the pool refuses fails with [`Error::Alloc`]. Like every other setting, it
+    /// is read when the workspace is created; entering an existing workspace with another
+    /// source keeps the first.
+    pub fn source(mut self, source: MemorySource) -> Self {
+        self.config.source = source;
+        self
+    }
+
     /// The configuration, or [`Error::Config`] naming the field and value of the first
-    /// invalid setting or combination (SEMANTICS 2.1).
+    /// invalid setting or combination (semantics §2.1).
     pub fn build(self) -> Result<WorkspaceConfig, Error> {
         self.config.validate()?;
         Ok(self.config)
     }
 }
 
-/// A workspace debug mode from `NDMEM_WORKSPACES` (SEMANTICS 2.5).
+/// A workspace debug mode from `NDMEM_WORKSPACES` (semantics §2.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DebugMode {
     /// Workspaces work normally (variable unset or empty).

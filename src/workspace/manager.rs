@@ -1,6 +1,6 @@
 //! The per-thread workspace manager: which workspaces this thread has, which one is
 //! current, nesting and parents, guards, statistics, and cleanup at thread exit
-//! (SEMANTICS 2.2, 2.5).
+//! (semantics §2.2, §2.5).
 //!
 //! Invariant: the stack of entered workspaces holds exactly one entry per live guard
 //! (a workspace, or "none" for a [`ScopeOut`] guard), and the current workspace is its
@@ -14,13 +14,11 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::rc::Rc;
-use std::sync::Arc;
-
-use ndmem_alloc::ByteSize;
 
 use super::arena::Arena;
 use super::config::{debug_mode, WorkspaceConfig};
-use super::stamp::{Shared, WorkspaceMemory};
+use super::stamp::WorkspaceMemory;
+use super::stats::WorkspaceStats;
 use crate::error::Error;
 
 /// What one thread knows about its workspaces.
@@ -63,7 +61,7 @@ impl Manager {
 
 impl Drop for Manager {
     fn drop(&mut self) {
-        // SEMANTICS 2.2 Decision: a thread's workspaces are freed when it exits. A view that
+        // semantics §2.2 Decision: a thread's workspaces are freed when it exits. A view that
         // outlives its thread (one kept in another thread-local, say) still reads its
         // workspace's memory: that workspace is invalidated but its memory is leaked, never
         // freed under the view.
@@ -90,15 +88,7 @@ fn thread_exiting(workspace: &str) -> Error {
     }
 }
 
-/// The shared state of this thread's workspace `id`, if it exists.
-pub(crate) fn shared_of(id: &str) -> Option<Arc<Shared>> {
-    MANAGER
-        .try_with(|m| m.find(id).map(|a| Arc::clone(a.shared())))
-        .ok()
-        .flatten()
-}
-
-/// This thread's workspace manager (SEMANTICS 2.5). The handle is `!Send`: every thread
+/// This thread's workspace manager (semantics §2.5). The handle is `!Send`: every thread
 /// has its own workspaces.
 ///
 /// ND4J: `Nd4j.getWorkspaceManager()`.
@@ -133,12 +123,13 @@ pub struct Workspaces {
 
 impl Workspaces {
     /// Enters the workspace `id` of this thread, creating it with `config` on first use,
-    /// and returns the guard whose drop leaves it (SEMANTICS 2.2). A new cycle starts
+    /// and returns the guard whose drop leaves it (semantics §2.2). A new cycle starts
     /// (generation + 1, BlockLeft rewinds) unless the workspace is already open on this
     /// thread, in which case only its nesting counter rises. The workspace that was current
-    /// becomes its parent (SEMANTICS 2.5).
+    /// becomes its parent (semantics §2.5).
     ///
-    /// An existing workspace keeps the configuration it was created with. Fails on an
+    /// An existing workspace keeps the configuration it was created with, its memory
+    /// source included: `config` is read only when the workspace is created. Fails on an
     /// invalid `NDMEM_WORKSPACES`, or if the initial buffer cannot be obtained.
     ///
     /// ND4J: `getAndActivateWorkspace(config, id)`.
@@ -171,7 +162,7 @@ impl Workspaces {
     }
 
     /// A guard during which no workspace is current, so allocations go to the pool
-    /// (SEMANTICS 2.5). ND4J: `scopeOutOfWorkspaces()`.
+    /// (semantics §2.5). ND4J: `scopeOutOfWorkspaces()`.
     pub fn scope_out(&self) -> ScopeOut {
         let _ = MANAGER.try_with(|m| m.stack.borrow_mut().push(None));
         ScopeOut {
@@ -235,8 +226,8 @@ impl Workspaces {
     }
 
     /// Destroys this thread's workspace `id`: its memory is freed (at once, or when its last
-    /// guard leaves if it is open) and memory it handed out becomes invalid (SEMANTICS 2.2,
-    /// 3). A later `get_and_activate` with the same id creates a new workspace.
+    /// guard leaves if it is open) and memory it handed out becomes invalid (semantics §2.2,
+    /// §3). A later `get_and_activate` with the same id creates a new workspace.
     /// ND4J: `destroyWorkspace(ws)`.
     pub fn destroy(&self, id: &str) -> Result<(), Error> {
         let arena = MANAGER
@@ -286,7 +277,7 @@ impl Workspaces {
 
 /// The guard of one entry into a workspace: while it lives the workspace is open (and
 /// current unless another was entered since); dropping it leaves the workspace, and the
-/// last guard of a cycle ends the cycle (SEMANTICS 2.2).
+/// last guard of a cycle ends the cycle (semantics §2.2).
 ///
 /// `&WorkspaceGuard` is an [`allocator_api2::alloc::Allocator`]: collections built on it
 /// live in the workspace and, by borrowing the guard, cannot outlive the cycle.
@@ -339,7 +330,7 @@ impl WorkspaceGuard {
     }
 
     /// Allocates `layout` in the workspace: a bump in its buffer, or a spill by policy
-    /// (SEMANTICS 2.2). The memory is valid until the cycle ends.
+    /// (semantics §2.2). The memory is valid until the cycle ends.
     ///
     /// Zero-size requests succeed with a dangling pointer aligned to
     /// max(alignment, `layout.align()`) that takes no workspace bytes. Requests whose
@@ -394,58 +385,6 @@ pub struct ScopeOut {
 impl Drop for ScopeOut {
     fn drop(&mut self) {
         let _ = MANAGER.try_with(|m| m.pop(None));
-    }
-}
-
-/// Figures of one workspace (SEMANTICS 2.5).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkspaceStats {
-    /// The workspace id.
-    pub id: String,
-    /// Bytes of the buffer (what the pool or the mapped file really holds), 0 before learning.
-    pub size: usize,
-    /// Bytes bumped this cycle, alignment padding included, spills excluded (0 when closed).
-    pub used: usize,
-    /// The largest cycle seen: bumped plus spilled bytes.
-    pub max_cycle: usize,
-    /// Bytes spilled this cycle (0 when closed: BlockLeft frees them at cycle end).
-    pub spilled_bytes: usize,
-    /// Bytes of spills a circular workspace keeps for later cycles (ND4J's pinned allocations).
-    pub pinned_bytes: usize,
-    /// Bytes spilled over the workspace's life.
-    pub total_spilled_bytes: u64,
-    /// Cycles completed.
-    pub cycles: u64,
-    /// Cycles started (the generation of the current or last cycle).
-    pub generation: u64,
-    /// Whether a cycle is running.
-    pub open: bool,
-    /// Whether the workspace is circular ([`crate::ResetPolicy::EndOfBuffer`]).
-    pub circular: bool,
-    /// Slots of a circular workspace's ring (0 for others, or before the ring exists).
-    pub slots: usize,
-}
-
-impl fmt::Display for WorkspaceStats {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "[{}] size {}, used {}, max cycle {}, spilled {}, pinned {}, cycles {}, generation {}{}{}",
-            self.id,
-            ByteSize(self.size),
-            ByteSize(self.used),
-            ByteSize(self.max_cycle),
-            ByteSize(self.spilled_bytes),
-            ByteSize(self.pinned_bytes),
-            self.cycles,
-            self.generation,
-            if self.open { ", open" } else { "" },
-            if self.circular {
-                format!(", circular ({} slots)", self.slots)
-            } else {
-                String::new()
-            },
-        )
     }
 }
 

@@ -1,24 +1,46 @@
-//! Workspaces: named, per-thread, cyclic bump arenas (SEMANTICS 2), and the validity
-//! stamps that keep their memory from being used after a cycle ends (SEMANTICS 3).
+//! Workspaces: named, per-thread, cyclic bump arenas (semantics §2), and the validity
+//! stamps that keep their memory from being used after a cycle ends (semantics §3).
 //!
 //! A loop enters a workspace once per iteration ([`Workspaces::get_and_activate`]) and
 //! allocates in it by bumping an offset; leaving ends the *cycle*, and the next one reuses
 //! the same memory. The first cycles spill to the pool while the workspace learns how much
-//! a cycle needs; after that a cycle touches neither the pool nor the OS.
+//! a cycle needs; after that a cycle touches neither the pool nor the OS. Every byte comes
+//! from the configuration's [`crate::MemorySource`] (the global pool unless set).
 //!
 //! Invariant: memory handed out by a workspace is never freed or reused while a guard of
 //! the cycle that handed it out is alive, and every later use of it goes through
 //! [`Stamp::check`], which refuses memory of an ended cycle, of a destroyed workspace, or
 //! of another thread (circular workspaces: only destroyed).
 //!
-//! Modules: `config` (policies and their validation), `arena` (the buffer, bumping,
-//! spills, learning, the ring; all `unsafe` code), `manager` (per-thread state, guards,
-//! statistics), `stamp` (validity tokens).
+//! Modules, each using only those listed before it (in parentheses: which):
+//! - `slots`, `state`: the atomics shared across threads (ring slot counts, the stamp's
+//!   state word), on `crate::sync` alone so that loom can model them;
+//! - `config`: policies and their validation, the memory source; `stats`: the figures;
+//! - `sizing` (config): size arithmetic and ring geometry, pure, `unsafe` forbidden;
+//! - `stamp` (state): validity tokens;
+//! - `buffer` (config, slots): the buffer, a pool block or a mapped file;
+//! - `bump` (sizing): the running cycle's region; `spill` (buffer, sizing, stamp);
+//!   `ring` (buffer, sizing, stamp);
+//! - `arena` (all of the above): one workspace's cycles;
+//! - `manager` (arena, config, stamp, stats): per-thread state and guards;
+//! - `alloc_api` (arena, manager): `&WorkspaceGuard` as an allocator-api2 allocator.
+//!
+//! `unsafe` code lives in `buffer` (mapping a file), `bump` (the bump pointer), `stamp`
+//! (`WorkspaceMemory: Send + Sync`) and `alloc_api` (the `Allocator` impl).
 
+mod alloc_api;
 mod arena;
+mod buffer;
+mod bump;
 mod config;
 mod manager;
+mod ring;
+mod sizing;
+mod slots;
+mod spill;
 mod stamp;
+mod state;
+mod stats;
 
 pub use config::{
     AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy, SpillPolicy,
@@ -26,6 +48,7 @@ pub use config::{
 };
 pub use manager::{
     allocate_in, allocate_in_current, allocate_in_parent, parent_of_current, workspaces, ScopeOut,
-    WorkspaceGuard, WorkspaceStats, Workspaces,
+    WorkspaceGuard, Workspaces,
 };
 pub use stamp::{Stamp, ViewPin, WorkspaceMemory};
+pub use stats::WorkspaceStats;

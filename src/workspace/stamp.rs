@@ -1,14 +1,19 @@
 //! Validity stamps: how memory handed out by a workspace knows whether it may still be
-//! used (SEMANTICS 3).
+//! used (semantics §3).
 //!
-//! Invariant: a workspace's whole lifecycle state is one `AtomicU64` (`generation << 2 |
-//! DESTROYED | OPEN`) written only by the owning thread, so a [`Stamp`] decides with one
-//! load: the memory is usable iff the word equals the word at allocation time (open, not
+//! Invariant: a workspace's whole lifecycle state is one word ([`super::state`]:
+//! `generation << 2 | DESTROYED | OPEN`) written only by the owning thread, so a [`Stamp`]
+//! decides with one load: the memory is usable iff the word equals the word at allocation time (open, not
 //! destroyed, same generation) and the caller is the owner thread. Circular workspaces only
 //! test `DESTROYED`, and their stamps own a reference to the memory itself: a spill block,
 //! or a counted reference to one slot of the ring, which the ring never reuses while the
 //! count is above 0. So a consumer on another thread can never read freed memory, nor memory
 //! being overwritten.
+//!
+//! The one `unsafe` item here makes [`WorkspaceMemory`] `Send + Sync`: its pointer is a
+//! plain address whose use is guarded by the stamp.
+
+#![allow(unsafe_code)]
 
 use std::cell::Cell;
 use std::fmt;
@@ -17,11 +22,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 
+use super::state::{generation_of, opened, StateWord, DESTROYED, OPEN};
 use crate::error::Error;
-
-const OPEN: u64 = 1;
-const DESTROYED: u64 = 2;
-const GENERATION_SHIFT: u32 = 2;
+use crate::memory::MemorySource;
 
 /// A number naming the calling thread, unique for the life of the process (never reused,
 /// unlike addresses of thread-locals). Costs one thread-local read once assigned.
@@ -61,7 +64,9 @@ pub(crate) struct Shared {
     owner_token: u64,
     owner: ThreadId,
     circular: bool,
-    state: AtomicU64,
+    /// Where the workspace's memory comes from (and where copies out of it go).
+    source: MemorySource,
+    state: StateWord,
     /// Live [`ViewPin`]s: borrowed views of this workspace's memory that must not see it
     /// recycled (non-circular workspaces only).
     views: AtomicUsize,
@@ -69,13 +74,14 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// State of a new workspace of the calling thread: closed, generation 0.
-    pub(crate) fn new(id: &str, circular: bool) -> Shared {
+    pub(crate) fn new(id: &str, circular: bool, source: MemorySource) -> Shared {
         Shared {
             id: id.into(),
             owner_token: thread_token(),
             owner: std::thread::current().id(),
             circular,
-            state: AtomicU64::new(0),
+            source,
+            state: StateWord::new(),
             views: AtomicUsize::new(0),
         }
     }
@@ -92,33 +98,28 @@ impl Shared {
 
     /// Marks the start of cycle `generation`.
     pub(crate) fn open(&self, generation: u64) {
-        self.state
-            .store(generation << GENERATION_SHIFT | OPEN, Ordering::Release);
+        self.state.open(generation);
     }
 
     /// Marks the end of the current cycle.
     pub(crate) fn close(&self, generation: u64) {
-        self.state
-            .store(generation << GENERATION_SHIFT, Ordering::Release);
+        self.state.close(generation);
     }
 
     /// Marks the workspace destroyed, for good.
     pub(crate) fn destroy(&self) {
-        // Only the owner thread writes the word, so load-then-store loses nothing.
-        let state = self.state.load(Ordering::Relaxed);
-        self.state
-            .store((state | DESTROYED) & !OPEN, Ordering::Release);
+        self.state.destroy();
     }
 }
 
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.state.load(Ordering::Relaxed);
+        let state = self.state.load();
         f.debug_struct("Shared")
             .field("id", &self.id)
             .field("owner", &self.owner)
             .field("circular", &self.circular)
-            .field("generation", &(state >> GENERATION_SHIFT))
+            .field("generation", &generation_of(state))
             .field("open", &(state & OPEN != 0))
             .field("destroyed", &(state & DESTROYED != 0))
             .finish()
@@ -142,7 +143,7 @@ impl Drop for ViewPin {
     }
 }
 
-/// A cheap, clonable validity token for workspace memory (SEMANTICS 3): the workspace's
+/// A cheap, clonable validity token for workspace memory (semantics §3): the workspace's
 /// shared state and the generation the memory was allocated in. `Send + Sync`, so a tensor
 /// may carry it to another thread, where [`Stamp::check`] refuses it unless the workspace
 /// is circular.
@@ -170,7 +171,7 @@ impl Stamp {
         generation: u64,
         keep_alive: Option<KeepAlive>,
     ) -> Stamp {
-        let expected = generation << GENERATION_SHIFT | OPEN;
+        let expected = opened(generation);
         let circular = shared.circular;
         Stamp {
             expected,
@@ -182,7 +183,7 @@ impl Stamp {
         }
     }
 
-    /// SEMANTICS 3: `Ok` if the memory may be used now from this thread; otherwise
+    /// Semantics §3: `Ok` if the memory may be used now from this thread; otherwise
     /// [`Error::LeakedWorkspacePointer`] (workspace left or destroyed),
     /// [`Error::OutdatedWorkspacePointer`] (a newer cycle started) or [`Error::WrongThread`],
     /// naming `op`, `arg` and the workspace.
@@ -195,13 +196,13 @@ impl Stamp {
         if self.is_valid() {
             return Ok(());
         }
-        Err(self.refusal(self.shared.state.load(Ordering::Acquire), op, arg))
+        Err(self.refusal(self.shared.state.load(), op, arg))
     }
 
     /// [`Stamp::check`] without the error: one atomic load and a thread-token compare.
     #[inline(always)]
     pub fn is_valid(&self) -> bool {
-        let state = self.shared.state.load(Ordering::Acquire);
+        let state = self.shared.state.load();
         // Branch-free: both tests always run, and `&` (not `&&`) keeps it that way.
         (state & self.state_mask == self.expected & self.state_mask)
             & ((assigned_token() ^ self.owner_token) & self.token_mask == 0)
@@ -223,7 +224,7 @@ impl Stamp {
                 arg: arg.to_string(),
                 workspace,
                 allocated_in: self.generation(),
-                current: state >> GENERATION_SHIFT,
+                current: generation_of(state),
             };
         }
         Error::WrongThread {
@@ -253,9 +254,14 @@ impl Stamp {
         &self.shared.id
     }
 
+    /// The memory source of the workspace the memory lives in.
+    pub fn source(&self) -> MemorySource {
+        self.shared.source
+    }
+
     /// The generation (cycle number, from 1) the memory was allocated in.
     pub fn generation(&self) -> u64 {
-        self.expected >> GENERATION_SHIFT
+        generation_of(self.expected)
     }
 
     /// Whether the workspace is circular ([`crate::ResetPolicy::EndOfBuffer`]).
@@ -266,10 +272,14 @@ impl Stamp {
     /// Whether this memory lives in the workspace `id` of this thread (the same workspace,
     /// not one created later under the same id), for leverage's "unchanged if it already
     /// lives there".
+    ///
+    /// A workspace leaves its thread's list only by being destroyed, and a destroyed one
+    /// never opens again, so "this thread's workspace `id` is this stamp's" is "this stamp's
+    /// workspace has id `id`, belongs to this thread and is not destroyed".
     pub fn is_in(&self, id: &str) -> bool {
         &*self.shared.id == id
             && self.shared.owner_token == thread_token()
-            && super::manager::shared_of(id).is_some_and(|s| Arc::ptr_eq(&s, &self.shared))
+            && self.shared.state.load() & DESTROYED == 0
     }
 
     /// Whether two stamps come from the same workspace (and so the same thread).
@@ -303,8 +313,12 @@ pub struct WorkspaceMemory {
     pub stamp: Stamp,
 }
 
-// `WorkspaceMemory` is `Send + Sync` through impls in the arena module, which holds all of
-// the workspace's unsafe code: the pointer is a plain address whose use is guarded by the stamp.
+// SAFETY: the pointer in a WorkspaceMemory is a plain address; every access through it is
+// an `unsafe` operation of the holder that must be preceded by `Stamp::check` (which refuses
+// non-owner threads for non-circular workspaces), and the Stamp itself is Send + Sync.
+unsafe impl Send for WorkspaceMemory {}
+// SAFETY: as above; `&WorkspaceMemory` exposes only copies of the address and the stamp.
+unsafe impl Sync for WorkspaceMemory {}
 
 #[cfg(test)]
 mod tests {
@@ -320,8 +334,29 @@ mod tests {
     }
 
     #[test]
+    fn is_in_names_only_the_live_workspace_of_this_thread() {
+        let shared = Arc::new(Shared::new("T", false, MemorySource::global()));
+        shared.open(1);
+        let stamp = Stamp::new(shared.clone(), 1, None);
+        assert!(stamp.is_in("T"));
+        assert!(!stamp.is_in("U"), "another id");
+        let there = stamp.clone();
+        assert!(!std::thread::spawn(move || there.is_in("T")).join().unwrap());
+        shared.close(1);
+        assert!(
+            stamp.is_in("T"),
+            "left, not destroyed: still the same workspace"
+        );
+        shared.destroy();
+        assert!(
+            !stamp.is_in("T"),
+            "a later workspace T would be another one"
+        );
+    }
+
+    #[test]
     fn a_stamp_follows_the_state_word() {
-        let shared = Arc::new(Shared::new("T", false));
+        let shared = Arc::new(Shared::new("T", false, MemorySource::global()));
         shared.open(1);
         let stamp = Stamp::new(shared.clone(), 1, None);
         assert!(stamp.check("op", "X").is_ok());

@@ -38,7 +38,7 @@ fn a_scope_with_its_own_pool_allocates_only_there_under_its_limit() {
     let x = scope.zeros(DType::F32, &[1024]).unwrap(); // 4 KiB
     let y = child.ones(DType::F32, &[1024]).unwrap();
     let z = x.add(&y).unwrap(); // the first input's scope and source
-    assert_eq!(z.source(), Some(source));
+    assert_eq!(z.source(), source);
     assert_eq!(
         live(&source),
         3 * 4096,
@@ -46,7 +46,7 @@ fn a_scope_with_its_own_pool_allocates_only_there_under_its_limit() {
     );
     assert_eq!(scope.tensor_count(), 2);
     let elsewhere = global_scope.zeros(DType::F32, &[1024]).unwrap();
-    assert_eq!(elsewhere.source(), Some(MemorySource::global()));
+    assert_eq!(elsewhere.source(), MemorySource::global());
     assert_eq!(
         live(&source),
         3 * 4096,
@@ -76,19 +76,19 @@ fn a_scope_with_its_own_pool_allocates_only_there_under_its_limit() {
 fn tensors_placed_in_a_source_keep_it_through_ops_and_copies() {
     let source = private(None);
     let t = Tensor::from_slice_in(&source, &[1.0f32, 2.0, 3.0], &[3]).unwrap();
-    assert_eq!(t.source(), Some(source));
+    assert_eq!(t.source(), source);
     let doubled = t.mul_scalar(2.0).unwrap();
     let copy = doubled.copy().unwrap();
     let detached = copy.detach().unwrap();
     for u in [&doubled, &copy, &detached] {
-        assert_eq!(u.source(), Some(source));
+        assert_eq!(u.source(), source);
     }
     assert_eq!(detached.to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
     let global = Tensor::ones(DType::F32, &[3]).unwrap();
     let mixed = global.add(&t).unwrap();
     assert_eq!(
         mixed.source(),
-        Some(MemorySource::global()),
+        MemorySource::global(),
         "the first input decides"
     );
     assert!(live(&source) >= 4 * 12, "four tensors in the private pool");
@@ -548,4 +548,38 @@ fn a_view_across_a_close_releases_its_block_to_its_pool_when_it_drops() {
         0,
         "and the last handle frees nothing twice"
     );
+}
+
+/// A workspace on a pool of its own hands that pool to what leaves it: its tensors report
+/// the workspace's source, and a detached copy is drawn from the same pool, not the global one.
+#[test]
+fn detach_from_a_workspace_copies_into_the_workspace_source() {
+    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    let cfg = ndmem::WorkspaceConfig::builder()
+        .initial_size(1 << 16)
+        .source(source)
+        .build()
+        .unwrap();
+    let ws = ndmem::workspaces();
+    let kept = {
+        let _cycle = ws.get_and_activate(&cfg, "OWN_SOURCE_DETACH").unwrap();
+        let x = Tensor::full(DType::F32, &[16], 3.0).unwrap();
+        assert_eq!(x.workspace(), Some("OWN_SOURCE_DETACH"));
+        assert_eq!(
+            x.source(),
+            source,
+            "workspace memory reports its workspace's source"
+        );
+        let before = source.pool().stats().live_bytes;
+        let kept = x.detach().unwrap();
+        assert_eq!(kept.workspace(), None);
+        assert_eq!(kept.source(), source);
+        assert!(
+            source.pool().stats().live_bytes >= before + 64,
+            "the copy is in the private pool"
+        );
+        kept
+    };
+    assert_eq!(kept.to_vec::<f32>().unwrap(), vec![3.0; 16]);
+    ws.destroy("OWN_SOURCE_DETACH").unwrap();
 }

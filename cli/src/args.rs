@@ -20,7 +20,7 @@ use crate::train::TrainOptions;
     name = "ndmem",
     version,
     args_conflicts_with_subcommands = true,
-    after_help = "Limits come from NDMEM_MAX_HEAP, NDMEM_MAX_BYTES, NDMEM_MAX_PHYSICAL_BYTES and NDMEM_MAX_DEVICE_BYTES (see `ndmem limits`)."
+    after_help = "Limits come from NDMEM_MAX_HEAP, NDMEM_MAX_BYTES, NDMEM_MAX_PHYSICAL_BYTES and NDMEM_MAX_DEVICE_BYTES (see `ndmem limits`); NDMEM_WORKSPACES=spill_everything|bypass is the workspace debug mode."
 )]
 pub struct Cli {
     /// What to run (default: train).
@@ -36,8 +36,8 @@ pub struct Cli {
 pub enum Command {
     /// Train a small MLP on the Iris data under each memory mode and compare them (default).
     Train(TrainArgs),
-    /// Show the effective memory limits, where each came from, heap and pool statistics,
-    /// and whether a CUDA driver is present.
+    /// Show the effective memory limits, where each came from, the workspace debug mode,
+    /// heap and pool statistics, and whether a CUDA driver is present.
     Limits,
     /// Re-render the SVG chart from a JSON report of `ndmem train`.
     Report(ReportArgs),
@@ -100,7 +100,7 @@ pub struct TrainArgs {
     pub seed: u64,
     /// Off-heap limit of the global pool for this run, e.g. 64M (0: unlimited);
     /// default: NDMEM_MAX_BYTES or half of RAM.
-    #[arg(long, value_name = "SIZE", value_parser = size)]
+    #[arg(long, value_name = "SIZE", allow_negative_numbers = true, value_parser = size)]
     pub max_bytes: Option<usize>,
     /// Directory for ndmem-report.json and ndmem-report.svg.
     #[arg(long, value_name = "DIR", default_value = ".")]
@@ -125,6 +125,7 @@ impl TrainArgs {
             lr: self.lr,
             seed: self.seed,
             max_bytes: self.max_bytes,
+            out_dir: self.out_dir.clone(),
             json: self
                 .json
                 .clone()
@@ -211,6 +212,7 @@ fn size(text: &str) -> Result<usize, String> {
 }
 
 /// How parsing ended when it did not produce a [`Cli`].
+#[derive(Debug)]
 pub enum Stop {
     /// `--help` or `--version`: printed, exit 0.
     Shown,
@@ -321,6 +323,7 @@ mod tests {
                 "at most 18446744073709551615",
             ),
             (&["ndmem", "--seed", "-1"][..], "--seed"),
+            (&["ndmem", "--max-bytes", "-1"][..], "--max-bytes"),
         ] {
             let err = Cli::try_parse_from(args).unwrap_err();
             let line = one_line(&err.render().to_string());

@@ -1,16 +1,19 @@
-//! `ndmem limits`: the effective memory limits and where each came from, the tracking
-//! allocator's heap statistics, the pool's figures, and whether a CUDA driver is present.
+//! `ndmem limits`: the effective memory limits and where each came from, the workspace
+//! debug mode, the tracking allocator's heap statistics, the pool's figures, and whether a
+//! CUDA driver is present.
 //!
-//! Invariant: it reports, it does not change: the only pool traffic is one 1 MiB block
-//! allocated and freed to show the counters move, and the CUDA probe loads the driver
-//! library without calling into it.
+//! Invariant: it reports, it does not change, and it works under any limit: it allocates
+//! nothing from the pool, and the CUDA probe loads the driver library without calling
+//! into it.
 
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
 
-use ndmem::alloc::{heap, physical_ram, ByteSize, LimitSource, Limits, Pool};
+use ndmem::alloc::{heap, physical_ram, ByteSize, LimitSource, Pool};
 
+use crate::env::{Environment, WorkspaceDebug};
+use crate::out::outln;
 use crate::Failure;
 
 /// Where the default `NDMEM_MAX_BYTES` comes from, with this machine's RAM figure.
@@ -18,12 +21,12 @@ pub fn default_max_bytes() -> String {
     format!("1/2 of RAM {}", ByteSize(physical_ram()))
 }
 
-/// Prints the limits, heap and pool statistics and the CUDA probe.
-pub fn run() -> Result<(), Failure> {
-    let limits = Limits::from_env().map_err(|e| Failure::config(e.to_string()))?;
+/// Prints the limits, the workspace mode, heap and pool statistics and the CUDA probe.
+pub fn run(environment: &Environment) -> Result<(), Failure> {
+    let limits = &environment.limits;
     let pool = Pool::try_global().map_err(|e| Failure::config(e.to_string()))?;
     let ram = physical_ram();
-    println!("ndmem limits (physical RAM {})", ByteSize(ram));
+    outln!("ndmem limits (physical RAM {})", ByteSize(ram));
     let row = |name: &str, value: Option<usize>, source: LimitSource, none: &str, default: &str| {
         let value = value.map_or(none.to_string(), |v| ByteSize(v).to_string());
         let source = match source {
@@ -31,14 +34,14 @@ pub fn run() -> Result<(), Failure> {
             LimitSource::Explicit => "set explicitly".to_string(),
             LimitSource::Default => format!("default: {default}"),
         };
-        println!("  {name:<26} {value:>14}  ({source})");
+        outln!("  {name:<24} {value:>12}  {source}");
     };
     row(
         "NDMEM_MAX_HEAP",
         limits.max_heap,
         limits.sources.max_heap,
         "tracked only",
-        "no limit, every byte counted",
+        "no limit",
     );
     row(
         "NDMEM_MAX_BYTES",
@@ -52,22 +55,37 @@ pub fn run() -> Result<(), Failure> {
         limits.max_physical_bytes,
         limits.sources.max_physical_bytes,
         "unlimited",
-        "max_bytes + 1/4 of RAM, at most 90% of RAM",
+        "max_bytes + RAM/4, <= 90% RAM",
     );
-    row(
-        "NDMEM_MAX_DEVICE_BYTES",
-        limits.max_device_bytes,
-        limits.sources.max_device_bytes,
-        "per device",
-        "min(max_bytes, 90% of each device)",
-    );
+    match &environment.device_percent {
+        // A share of each device's memory: only the device layer knows that memory, so
+        // the figure is not a share of host RAM, and nothing applies it yet.
+        Some(percent) => {
+            outln!(
+                "  {:<24} {percent:>12}  of each device, from the environment",
+                "NDMEM_MAX_DEVICE_BYTES"
+            );
+            outln!("  {:<24} {:>12}  unresolved: no device layer yet", "", "");
+        }
+        None => row(
+            "NDMEM_MAX_DEVICE_BYTES",
+            limits.max_device_bytes,
+            limits.sources.max_device_bytes,
+            "per device",
+            "min(max_bytes, 90% of device)",
+        ),
+    }
+    let (mode, meaning) = match environment.workspaces {
+        WorkspaceDebug::Normal => ("normal", "unset: workspaces work normally"),
+        WorkspaceDebug::SpillEverything => {
+            ("spill_everything", "every workspace allocation spills")
+        }
+        WorkspaceDebug::Bypass => ("bypass", "workspaces off, tensors are pool blocks"),
+    };
+    outln!("  {:<24} {mode:>12}  {meaning}", "NDMEM_WORKSPACES");
 
-    let block = pool
-        .allocate(1 << 20, 64)
-        .map_err(|e| Failure::runtime(e.to_string()))?;
-    drop(block);
     let h = heap::stats();
-    println!(
+    outln!(
         "heap (ndmem_alloc::Tracking<System>{})",
         if heap::is_tracking() {
             ""
@@ -75,36 +93,47 @@ pub fn run() -> Result<(), Failure> {
             ", not installed"
         }
     );
-    println!(
-        "  live {}  peak {}  limit {}  allocations {}  deallocations {}  reallocations {}  failed {}",
+    outln!(
+        "  live {}  peak {}  limit {}  failed allocations {}",
         ByteSize(h.live_bytes),
         ByteSize(h.peak_bytes),
-        h.limit.map_or("none".to_string(), |l| ByteSize(l).to_string()),
-        h.allocations,
-        h.deallocations,
-        h.reallocations,
+        h.limit
+            .map_or("none".to_string(), |l| ByteSize(l).to_string()),
         h.failed_allocations
     );
+    outln!(
+        "  allocations {}  deallocations {}  reallocations {}",
+        h.allocations,
+        h.deallocations,
+        h.reallocations
+    );
     let p = pool.stats();
-    println!("off-heap pool (after one 1 MiB block was allocated and freed)");
-    println!(
-        "  live {}  peak {}  cached {}  used {} of {}  allocations {}  OS allocations {}  RSS {}",
+    outln!("off-heap pool (nothing allocated by this command)");
+    outln!(
+        "  live {}  cached {}  used {} of {}  RSS {}",
         ByteSize(p.live_bytes),
-        ByteSize(p.peak_bytes),
         ByteSize(p.cached_bytes),
         ByteSize(p.used_bytes),
         p.limit_bytes
             .map_or("unlimited".into(), |l| ByteSize(l).to_string()),
-        p.allocations,
-        p.os_allocations,
         ByteSize(p.physical_bytes)
     );
+    outln!(
+        "  RSS limit {}  allocations {}  OS allocations {}",
+        p.physical_limit_bytes
+            .map_or("unlimited".into(), |l| ByteSize(l).to_string()),
+        p.allocations,
+        p.os_allocations
+    );
     match cuda_driver() {
-        Ok(()) => println!(
+        Ok(()) => outln!(
             "CUDA driver: present ({} loads)",
             CUDA_LIBRARY.to_string_lossy()
         ),
-        Err(why) => println!("CUDA driver: not found ({why}); device memory is unused"),
+        Err(why) => {
+            outln!("CUDA driver: not found; device memory is unused");
+            outln!("  ({why})");
+        }
     }
     Ok(())
 }

@@ -5,20 +5,23 @@
 //! it records have their capacity reserved up front, so recording neither allocates during
 //! a step nor shows up in steps/s.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
-use ndmem::alloc::{heap, ByteSize, LimitSource, Limits, Pool, ENV_MAX_BYTES};
+use ndmem::alloc::{heap, ByteSize, LimitSource, Pool, PoolStats, ENV_MAX_BYTES};
 use ndmem::reclaim;
 
 use crate::data::{fill_batch, shuffler, Dataset, Split, CLASSES, FEATURES};
+use crate::env::Environment;
 use crate::model::Dims;
 use crate::modes::{Mode, Trainer};
+use crate::out::outln;
 use crate::report::{
-    mean_after_first, steps_per_sec, Agreement, ModeReport, Report, RunConfig, Series,
+    mean_after_first, plural, steps_per_sec, Agreement, ModeReport, Report, RunConfig, Series,
 };
-use crate::{chart, limits, Failure};
+use crate::{chart, limits, paths, Failure};
 
 /// Most steps one mode may run: the per-step figures of a mode (about 60 bytes a step)
 /// are held in memory and written to the JSON report.
@@ -43,6 +46,8 @@ pub struct TrainOptions {
     pub seed: u64,
     /// Off-heap limit to set on the global pool.
     pub max_bytes: Option<usize>,
+    /// The directory the reports go to by default (created if missing).
+    pub out_dir: PathBuf,
     /// Where to write the JSON report.
     pub json: PathBuf,
     /// Where to write the SVG report.
@@ -51,7 +56,9 @@ pub struct TrainOptions {
 
 /// Runs the training in every requested mode, prints the summary and writes the reports.
 /// Fails (after writing the reports) if the loss curves are not identical.
-pub fn run(options: &TrainOptions) -> Result<(), Failure> {
+pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Failure> {
+    paths::check_train_paths(&options.out_dir, &options.json, &options.svg)
+        .map_err(Failure::config)?;
     let pool = Pool::try_global().map_err(|e| Failure::config(e.to_string()))?;
     if let Some(limit) = options.max_bytes {
         pool.set_max_bytes(Some(limit))
@@ -65,10 +72,8 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
         classes: CLASSES.len(),
     };
     let steps_per_epoch = split.train.rows().div_ceil(options.batch) as u64;
-    let mut total = steps_per_epoch.saturating_mul(u64::from(options.epochs));
-    if let Some(cap) = options.max_steps {
-        total = total.min(cap);
-    }
+    let planned = steps_per_epoch.saturating_mul(u64::from(options.epochs));
+    let total = options.max_steps.map_or(planned, |cap| planned.min(cap));
     if total > MAX_STEPS {
         return Err(Failure::config(format!(
             "{} epochs of {steps_per_epoch} steps (batch {}) make {total} steps per mode, more than {MAX_STEPS}: lower --epochs, raise --batch or cap with --steps",
@@ -78,39 +83,47 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
     let parameters = dims
         .parameters()
         .ok_or_else(|| Failure::config(format!("--hidden {} is too large", options.hidden)))?;
-    println!(
-        "ndmem train: Iris ({} flowers: {} train / {} test, {} features, {} classes), MLP {}-{}-{} ({} parameters), SGD lr {:?}, batch {}, {} epoch{} = {} steps per mode, seed {}",
+    outln!(
+        "ndmem train: Iris, {} flowers ({} train, {} test), {} features, {} classes",
         data.rows(),
         split.train.rows(),
         split.test.rows(),
         FEATURES,
         CLASSES.len(),
+    );
+    outln!(
+        "model: MLP {}-{}-{} ({} parameters), SGD lr {:?}, batch {}, seed {}",
         dims.inputs,
         dims.hidden,
         dims.classes,
         parameters,
         options.lr,
         options.batch,
-        options.epochs,
-        if options.epochs == 1 { "" } else { "s" },
-        total,
         options.seed
+    );
+    outln!(
+        "{}",
+        run_length(options.epochs, steps_per_epoch, options.max_steps, total)
     );
     let limit = pool.limits().0;
     let source = if options.max_bytes.is_some() {
         "--max-bytes".to_string()
     } else {
-        match Limits::from_env().map(|l| l.sources.max_bytes) {
-            Ok(LimitSource::Environment) => ENV_MAX_BYTES.to_string(),
+        match environment.limits.sources.max_bytes {
+            LimitSource::Environment => ENV_MAX_BYTES.to_string(),
             _ => format!("default: {}", limits::default_max_bytes()),
         }
     };
-    println!(
-        "off-heap limit {} ({source}); heap counted by ndmem_alloc::Tracking<System>",
+    outln!(
+        "off-heap limit {} ({source})",
         limit.map_or_else(|| "unlimited".to_string(), |l| ByteSize(l).to_string())
     );
+    outln!("heap: every byte counted by ndmem_alloc::Tracking<System>");
+    if let Some(line) = environment.workspaces.describe() {
+        outln!("{line}");
+    }
     for mode in &options.modes {
-        println!("  {:<11} {}", mode.name(), mode.describe());
+        outln!("  {:<11} {}", mode.name(), mode.describe());
     }
 
     let mut report = Report {
@@ -131,6 +144,9 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
         },
         modes: Vec::new(),
     };
+    // With stdout elsewhere (a pipe, a file), the bars vanish when their mode ends, so no
+    // stale progress line stays on the terminal above what the reader of stdout prints.
+    let keep_bars = std::io::stdout().is_terminal();
     for &mode in &options.modes {
         let bar = progress_bar(mode, total);
         let measured = run_mode(mode, options, &split, dims, &bar).map_err(|e| {
@@ -151,26 +167,29 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
                 mode.name()
             ))
         })?;
+        if keep_bars {
+            bar.finish_with_message(format!(
+                "{}, acc {:.1}%",
+                measured
+                    .final_loss
+                    .map_or_else(|| "-".to_string(), |l| format!("{l:.4}")),
+                measured.test_accuracy * 100.0
+            ));
+        } else {
+            bar.finish_and_clear();
+        }
         report.modes.push(measured);
     }
 
-    println!();
-    print!("{}", report.table());
-    println!();
+    outln!();
+    outln!("{}", report.table().trim_end());
+    outln!();
     let agreement = report.agreement();
-    match &agreement {
-        Agreement::Single => println!("loss curves identical across modes: n/a (one mode ran)"),
-        Agreement::Identical { steps } => {
-            println!(
-                "loss curves identical across modes: yes ({steps} steps, compared as f32 bits)"
-            )
-        }
-        Agreement::Differs { .. } => println!("loss curves identical across modes: NO"),
-    }
+    outln!("{}", agreement.verdict());
     print_comparison(&report);
     report.write_json(&options.json).map_err(Failure::runtime)?;
     chart::write(&report, &options.svg).map_err(Failure::runtime)?;
-    println!(
+    outln!(
         "report: {} and {}",
         options.json.display(),
         options.svg.display()
@@ -200,18 +219,48 @@ pub fn run(options: &TrainOptions) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The header line saying how many steps each mode runs and why.
+pub fn run_length(epochs: u32, steps_per_epoch: u64, max_steps: Option<u64>, total: u64) -> String {
+    let planned = steps_per_epoch.saturating_mul(u64::from(epochs));
+    let epochs_text = format!(
+        "{epochs} epoch{} of {steps_per_epoch} step{}",
+        plural(epochs as usize),
+        plural(steps_per_epoch as usize)
+    );
+    match max_steps {
+        Some(cap) if cap < planned => format!(
+            "run: {total} step{} per mode (--steps {cap}; {epochs_text} would be {planned})",
+            plural(total as usize)
+        ),
+        _ => format!(
+            "run: {epochs_text} = {total} step{} per mode",
+            plural(total as usize)
+        ),
+    }
+}
+
 /// One line comparing `workspaces` (and `scopes`) with `pool`, when they ran.
 fn print_comparison(report: &Report) {
     let find = |name: &str| report.modes.iter().find(|m| m.mode == name);
     let Some(pool) = find("pool") else { return };
     for other in [find("workspaces"), find("scopes")].into_iter().flatten() {
-        println!(
-            "{}: {:.2}x the steps/s of pool, {:.2} pool allocations per step after step 1 (pool: {:.2})",
-            other.mode,
-            other.steps_per_sec / pool.steps_per_sec.max(f64::MIN_POSITIVE),
-            other.pool_allocations_per_step,
-            pool.pool_allocations_per_step
-        );
+        let speed = other.steps_per_sec / pool.steps_per_sec.max(f64::MIN_POSITIVE);
+        if other.steps < 2 {
+            // No step after the first: compare the one step there is.
+            outln!(
+                "{} vs pool: {speed:.2}x steps/s; pool allocs in the only step: {} vs {}",
+                other.mode,
+                other.first_step_pool_allocations,
+                pool.first_step_pool_allocations
+            );
+        } else {
+            outln!(
+                "{} vs pool: {speed:.2}x steps/s; pool allocs/step after step 1: {:.2} vs {:.2}",
+                other.mode,
+                other.pool_allocations_per_step,
+                pool.pool_allocations_per_step
+            );
+        }
     }
 }
 
@@ -220,7 +269,7 @@ fn print_comparison(report: &Report) {
 fn progress_bar(mode: Mode, total: u64) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     if let Ok(style) =
-        ProgressStyle::with_template("{prefix:>10} [{bar:24}] {pos:>6}/{len} {rate:>9}  loss {msg}")
+        ProgressStyle::with_template("{prefix:>10} [{bar:16}] {pos:>5}/{len} {rate:>7} loss {msg}")
     {
         // Whole steps per second: indicatif's own {per_sec} prints every digit.
         let rate = |state: &ProgressState, w: &mut dyn std::fmt::Write| {
@@ -230,6 +279,23 @@ fn progress_bar(mode: Mode, total: u64) -> ProgressBar {
     }
     bar.set_prefix(mode.name());
     bar
+}
+
+/// The highest pool figures seen so far in a mode, each phase measured from a reset peak.
+#[derive(Debug, Default, Clone, Copy)]
+struct Peaks {
+    /// Highest live bytes.
+    live: usize,
+    /// Highest used bytes (live + cached).
+    used: usize,
+}
+
+impl Peaks {
+    /// Takes in the peaks of `stats` (read after a phase).
+    fn take(&mut self, stats: &PoolStats) {
+        self.live = self.live.max(stats.peak_bytes);
+        self.used = self.used.max(stats.peak_used_bytes);
+    }
 }
 
 /// Why a mode stopped early.
@@ -246,8 +312,7 @@ impl From<String> for StepError {
     }
 }
 
-/// Trains in one mode and measures every step, advancing `bar` (finished on success; the
-/// caller clears it on failure).
+/// Trains in one mode and measures every step, advancing `bar` (the caller finishes it).
 fn run_mode(
     mode: Mode,
     options: &TrainOptions,
@@ -266,15 +331,20 @@ fn run_mode(
     let batch_rows = options.batch.min(split.train.rows());
     let mut x = Vec::with_capacity(batch_rows * FEATURES);
     let mut y = Vec::with_capacity(batch_rows * CLASSES.len());
-    let (mut peak_live, mut peak_used, mut peak_heap) = (0, 0, 0);
+    let mut peak_heap = 0;
+    let mut peaks = Peaks::default();
     let mut elapsed = Duration::ZERO;
     // Heap figures are taken above this baseline, so what earlier modes left (their
     // series, held in the report) does not count against this one.
     heap::reset_peak();
     let heap_base = heap::stats().live_bytes;
 
+    // The mode's off-heap peaks cover everything it does (the parameters, the steps, the
+    // evaluation), so the table's "used" figure is a limit that runs the whole mode.
+    pool.reset_peak();
     let mut trainer = Trainer::new(mode, dims, options.seed)
         .map_err(|e| format!("creating the parameters: {e}"))?;
+    peaks.take(&pool.stats());
     'epochs: for _ in 0..options.epochs {
         shuffle.shuffle(&mut order);
         for rows in order.chunks(options.batch) {
@@ -300,8 +370,7 @@ fn run_mode(
             }
 
             let (after, heap_after) = (pool.stats(), heap::stats());
-            peak_live = peak_live.max(after.peak_bytes);
-            peak_used = peak_used.max(after.peak_used_bytes);
+            peaks.take(&after);
             peak_heap = peak_heap.max(heap_after.peak_bytes.saturating_sub(heap_base));
             series.loss.push(loss);
             series
@@ -327,16 +396,13 @@ fn run_mode(
             }
         }
     }
+    pool.reset_peak();
     let accuracy = trainer
         .accuracy(&split.test.features, &split.test.labels)
         .map_err(|e| format!("evaluating the test rows: {e}"))?;
     drop(trainer);
+    peaks.take(&pool.stats());
     let final_loss = series.loss.last().copied();
-    bar.finish_with_message(format!(
-        "{}, test acc {:.1}%",
-        final_loss.map_or_else(|| "-".to_string(), |l| format!("{l:.4}")),
-        accuracy * 100.0
-    ));
     let steps = series.loss.len();
     let seconds = elapsed.as_secs_f64();
     Ok(ModeReport {
@@ -348,8 +414,8 @@ fn run_mode(
         pool_allocations_per_step: mean_after_first(&series.pool_allocations),
         os_allocations_per_step: mean_after_first(&series.os_allocations),
         heap_allocations_per_step: mean_after_first(&series.heap_allocations),
-        peak_pool_bytes: peak_live,
-        peak_pool_used_bytes: peak_used,
+        peak_pool_bytes: peaks.live,
+        peak_pool_used_bytes: peaks.used,
         peak_heap_bytes: peak_heap,
         final_loss,
         test_accuracy: accuracy,

@@ -15,7 +15,7 @@
 //! Invariant: a step does the same arithmetic in every mode (see `model`); only placement
 //! differs, so the loss curves agree bit for bit.
 
-use ndmem::{workspaces, Result, Scope, Tensor, WorkspaceConfig, WorkspaceGuard};
+use ndmem::{reclaim, workspaces, Result, Scope, Tensor, WorkspaceConfig, WorkspaceGuard};
 
 use crate::model::{Dims, Mlp};
 
@@ -50,19 +50,19 @@ impl Mode {
         }
     }
 
-    /// One line on what the mode does.
+    /// One line on what the mode does (at most 66 characters, so a header line with the
+    /// mode's name fits 80 columns).
     pub fn describe(self) -> &'static str {
         match self {
             Mode::Pool => "every tensor a pool block, freed when its last handle drops",
-            Mode::Workspaces => {
-                "a FirstLoop workspace cycle per step, gradients in a parent one, parameters detached"
-            }
-            Mode::Scopes => "a child scope per step, closed at its end; parameters in a base scope",
+            Mode::Workspaces => "a FirstLoop workspace cycle per step, gradients in a parent one",
+            Mode::Scopes => "a child scope per step, closed at its end; weights in a base scope",
         }
     }
 }
 
 /// A model and the memory discipline its steps follow.
+#[derive(Debug)]
 pub struct Trainer {
     /// Where the step's tensors live.
     mode: Mode,
@@ -142,9 +142,29 @@ impl Trainer {
         }
     }
 
+    /// Gives back what training steps hold between steps: the step and gradient
+    /// workspaces (`workspaces` mode) and the frees still deferred by epoch reclamation.
+    /// Evaluation calls it first, so it never needs room beside them: a larger limit can
+    /// never fail where a smaller one succeeds because a learned workspace grew into it.
+    /// The next step learns the workspaces again.
+    pub fn release_step_memory(&self) -> Result<()> {
+        if self.mode == Mode::Workspaces {
+            let ws = workspaces();
+            for id in [STEP_WORKSPACE, GRAD_WORKSPACE] {
+                if ws.exists(id) {
+                    ws.destroy(id)?;
+                }
+            }
+        }
+        reclaim::collect();
+        Ok(())
+    }
+
     /// Fraction of rows of `x` whose predicted class is `labels[i]`, computed under the
-    /// mode's discipline (its own workspace or child scope).
+    /// mode's discipline (its own workspace or child scope), after
+    /// [`Trainer::release_step_memory`].
     pub fn accuracy(&self, x: &[f32], labels: &[usize]) -> Result<f64> {
+        self.release_step_memory()?;
         let rows = labels.len();
         let shape = [rows, self.dims.inputs];
         let predicted = match self.mode {

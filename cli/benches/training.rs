@@ -1,13 +1,9 @@
 //! One training step of the `ndmem train` MLP (Iris, 4-32-3, batch 64) under each memory
 //! mode: `pool` (blocks owned by handles), `workspaces` (a learned FirstLoop workspace per
 //! step) and `scopes` (a child scope per step). The model and step code are the command's
-//! own modules, included by path. After the timings it prints steps/s per mode (from the
+//! own, from the `ndmem_cli` library. After the timings it prints steps/s per mode (from the
 //! median of 2000 timed steps), the `workspaces`/`pool` ratio (target: at least 1.2x), and
 //! pool allocations per step after the first, and checks that `workspaces` takes none.
-
-// The included modules' unit tests compile here too (`cargo clippy --all-targets`) but run
-// with the binary's tests; their imports go unused in this crate.
-#![cfg_attr(test, allow(unused_imports))]
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -15,19 +11,9 @@ use std::time::Instant;
 use criterion::{criterion_group, criterion_main, Criterion};
 use ndmem::alloc::Pool;
 
-#[allow(dead_code)]
-#[path = "../src/bin/ndmem/data.rs"]
-mod data;
-#[allow(dead_code)]
-#[path = "../src/bin/ndmem/model.rs"]
-mod model;
-#[allow(dead_code)]
-#[path = "../src/bin/ndmem/modes.rs"]
-mod modes;
-
-use data::{fill_batch, shuffler, Dataset, Split, CLASSES, FEATURES};
-use model::Dims;
-use modes::{Mode, Trainer};
+use ndmem_cli::data::{fill_batch, shuffler, Dataset, Split, CLASSES, FEATURES};
+use ndmem_cli::model::Dims;
+use ndmem_cli::modes::{Mode, Trainer};
 
 /// Rows per step.
 const BATCH: usize = 64;

@@ -7,7 +7,6 @@
 use std::fs;
 use std::path::Path;
 
-use ndmem::alloc::ByteSize;
 use serde::{Deserialize, Serialize};
 
 /// Everything a run measured; the JSON report.
@@ -70,9 +69,11 @@ pub struct ModeReport {
     pub os_allocations_per_step: f64,
     /// Mean heap allocations per step after the first.
     pub heap_allocations_per_step: f64,
-    /// Highest pool live bytes during the mode.
+    /// Highest pool live bytes during the mode (creating the parameters, the steps and the
+    /// evaluation).
     pub peak_pool_bytes: usize,
-    /// Highest pool used bytes (live + cached, what counts against the limit).
+    /// Highest pool used bytes during the mode (live + cached): what `--max-bytes` limits,
+    /// so a limit at least this large runs the mode.
     pub peak_pool_used_bytes: usize,
     /// Highest heap live bytes during the mode, above the heap live when it started.
     pub peak_heap_bytes: usize,
@@ -233,60 +234,232 @@ impl Report {
     pub fn read_json(path: &Path) -> Result<Report, String> {
         let text =
             fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        serde_json::from_str(&text)
-            .map_err(|e| format!("{} is not an ndmem report: {e}", path.display()))
+        let report: Report = serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not an ndmem report: {e}", path.display()))?;
+        report
+            .validate()
+            .map_err(|e| format!("{} is not a usable ndmem report: {e}", path.display()))?;
+        Ok(report)
     }
 
-    /// The summary table, one row per mode.
-    pub fn table(&self) -> String {
-        let header = [
-            "mode",
-            "steps/s",
-            "pool allocs/step",
-            "OS allocs/step",
-            "heap allocs/step",
-            "peak off-heap",
-            "heap peak",
-            "final loss",
-            "test acc",
-        ];
-        let mut rows = vec![header.map(String::from).to_vec()];
-        for m in &self.modes {
-            rows.push(vec![
-                m.mode.clone(),
-                format!("{:.0}", m.steps_per_sec),
-                format!("{:.2}", m.pool_allocations_per_step),
-                format!("{:.2}", m.os_allocations_per_step),
-                format!("{:.1}", m.heap_allocations_per_step),
-                ByteSize(m.peak_pool_bytes).to_string(),
-                ByteSize(m.peak_heap_bytes).to_string(),
-                m.final_loss
-                    .map_or_else(|| "-".to_string(), |l| format!("{l:.4}")),
-                format!("{:.1}%", m.test_accuracy * 100.0),
-            ]);
+    /// Refuses a report no run could have written: no modes, or a mode whose series do not
+    /// all hold one value per step. The message names what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.modes.is_empty() {
+            return Err("it holds no modes (\"modes\" is empty)".into());
         }
-        let widths: Vec<usize> = (0..header.len())
-            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        for m in &self.modes {
+            let s = &m.series;
+            let lengths = [
+                ("loss", s.loss.len()),
+                ("pool_peak_bytes", s.pool_peak_bytes.len()),
+                ("pool_live_bytes", s.pool_live_bytes.len()),
+                ("pool_allocations", s.pool_allocations.len()),
+                ("os_allocations", s.os_allocations.len()),
+                ("heap_live_bytes", s.heap_live_bytes.len()),
+                ("heap_allocations", s.heap_allocations.len()),
+                ("step_nanos", s.step_nanos.len()),
+            ];
+            for (name, length) in lengths {
+                if length != m.steps {
+                    return Err(format!(
+                        "mode {:?} ran {} step{} but its series {name} holds {length} value{}",
+                        m.mode,
+                        m.steps,
+                        plural(m.steps),
+                        plural(length)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The highest off-heap used peak of any mode: the smallest `--max-bytes` that runs
+    /// every mode of this report.
+    pub fn limit_needed(&self) -> usize {
+        self.modes
+            .iter()
+            .map(|m| m.peak_pool_used_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The summary table, one row per mode under a two-line header, then what the columns
+    /// measure; every line fits 80 columns.
+    pub fn table(&self) -> String {
+        // (group, name, left-aligned); consecutive columns of one group share its label.
+        const COLUMNS: [(&str, &str, bool); 10] = [
+            ("", "mode", true),
+            ("", "steps/s", false),
+            ("allocs/step", "pool", false),
+            ("allocs/step", "OS", false),
+            ("allocs/step", "heap", false),
+            ("off-heap peak", "live", false),
+            ("off-heap peak", "used", false),
+            ("heap", "peak", false),
+            ("final", "loss", false),
+            ("test", "acc", false),
+        ];
+        let rows: Vec<[String; 10]> = self
+            .modes
+            .iter()
+            .map(|m| {
+                [
+                    m.mode.clone(),
+                    format!("{:.0}", m.steps_per_sec),
+                    format!("{:.2}", m.pool_allocations_per_step),
+                    format!("{:.2}", m.os_allocations_per_step),
+                    format!("{:.1}", m.heap_allocations_per_step),
+                    size_up(m.peak_pool_bytes),
+                    size_up(m.peak_pool_used_bytes),
+                    size_up(m.peak_heap_bytes),
+                    m.final_loss
+                        .map_or_else(|| "-".to_string(), |l| format!("{l:.4}")),
+                    format!("{:.1}%", m.test_accuracy * 100.0),
+                ]
+            })
             .collect();
+        let mut widths: Vec<usize> = COLUMNS
+            .iter()
+            .enumerate()
+            .map(|(c, (_, name, _))| {
+                rows.iter()
+                    .map(|r| r[c].chars().count())
+                    .chain([name.len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        // Each group label spans its columns (and the gaps between them); a label wider
+        // than its span widens the group's last column.
+        let mut groups: Vec<(&str, usize, usize)> = Vec::new(); // (label, first, last)
+        for (c, (group, _, _)) in COLUMNS.iter().enumerate() {
+            match groups.last_mut() {
+                Some((label, _, last)) if label == group && !group.is_empty() => *last = c,
+                _ => groups.push((group, c, c)),
+            }
+        }
+        for &(label, first, last) in &groups {
+            let span: usize = widths[first..=last].iter().sum::<usize>() + 2 * (last - first);
+            if label.len() > span {
+                widths[last] += label.len() - span;
+            }
+        }
         let mut out = String::new();
-        for row in &rows {
+        let mut top = String::new();
+        for &(label, first, last) in &groups {
+            let span: usize = widths[first..=last].iter().sum::<usize>() + 2 * (last - first);
+            if first > 0 {
+                top.push_str("  ");
+            }
+            top.push_str(&format!("{label:>span$}"));
+        }
+        out.push_str(top.trim_end());
+        out.push('\n');
+        let names: [String; 10] = COLUMNS.map(|(_, name, _)| name.to_string());
+        for row in std::iter::once(&names).chain(&rows) {
             let mut line = String::new();
             for (c, cell) in row.iter().enumerate() {
-                if c == 0 {
-                    line.push_str(&format!("{cell:<w$}", w = widths[c]));
+                let w = widths[c];
+                if c > 0 {
+                    line.push_str("  ");
+                }
+                if COLUMNS[c].2 {
+                    line.push_str(&format!("{cell:<w$}"));
                 } else {
-                    line.push_str(&format!("  {cell:>w$}", w = widths[c]));
+                    line.push_str(&format!("{cell:>w$}"));
                 }
             }
             out.push_str(line.trim_end());
             out.push('\n');
         }
-        out.push_str(
-            "(steps/s: 1 / median step time; per step: means over the steps after the first; \
-             peak off-heap: pool bytes live; heap peak: bytes live through Tracking<System> \
-             above the mode's start)\n",
-        );
+        out.push_str(TABLE_NOTE);
+        if !self.modes.is_empty() {
+            out.push_str(&format!(
+                "--max-bytes {} or more runs {} (the highest off-heap used peak).\n",
+                size_up(self.limit_needed()),
+                if self.modes.len() == 1 {
+                    "this mode".to_string()
+                } else {
+                    format!("these {} modes", self.modes.len())
+                }
+            ));
+        }
         out
+    }
+}
+
+/// What the table's columns measure (lines of at most 80 columns).
+const TABLE_NOTE: &str = "\
+steps/s: 1 / median step time. allocs/step: means over the steps after the
+first (pool blocks, OS requests, heap allocations). off-heap peak: pool bytes
+over the whole mode; live: held by tensors and workspaces; used: live + cached,
+the figure --max-bytes limits. heap peak: bytes live through Tracking<System>
+above the mode's start. Sizes rounded up, written as --max-bytes takes them.
+";
+
+/// `"s"` unless `n` is 1.
+pub fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// `bytes` rounded up to three significant digits, in the form `--max-bytes` takes
+/// (`512B`, `36.6K`, `1.05M`): the size it names is never below `bytes`.
+pub fn size_up(bytes: usize) -> String {
+    const UNITS: [&str; 5] = ["K", "M", "G", "T", "P"];
+    if bytes < 1024 {
+        return format!("{bytes}B");
+    }
+    let bytes = bytes as u128;
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1u128 << (10 * (unit + 2)) {
+        unit += 1;
+    }
+    let scale = 1u128 << (10 * (unit + 1));
+    // Decimals for three significant digits, chosen on the rounded-up value.
+    let rounded = |decimals: u32| (bytes * 10u128.pow(decimals)).div_ceil(scale);
+    let decimals = [2u32, 1]
+        .into_iter()
+        .find(|d| rounded(*d) < 1000)
+        .unwrap_or(0);
+    let (units, ten) = (rounded(decimals), 10u128.pow(decimals));
+    if decimals == 0 {
+        format!("{units}{}", UNITS[unit])
+    } else {
+        format!(
+            "{}.{:0w$}{}",
+            units / ten,
+            units % ten,
+            UNITS[unit],
+            w = decimals as usize
+        )
+    }
+}
+
+impl Agreement {
+    /// The verdict line printed after the table.
+    pub fn verdict(&self) -> String {
+        match self {
+            Agreement::Single => "loss curves: one mode ran, nothing to compare".to_string(),
+            Agreement::Identical { steps } => format!(
+                "loss curves identical across modes: yes ({steps} step{}, compared as f32 bits)",
+                plural(*steps)
+            ),
+            Agreement::Differs {
+                reference,
+                mode,
+                step,
+                ..
+            } => format!(
+                "loss curves identical across modes: NO ({mode} departs from {reference} at step {})",
+                step + 1
+            ),
+        }
     }
 }
 
@@ -311,7 +484,13 @@ mod tests {
             test_accuracy: 0.9,
             series: Series {
                 loss: loss.to_vec(),
-                ..Series::default()
+                pool_peak_bytes: vec![4096; loss.len()],
+                pool_live_bytes: vec![0; loss.len()],
+                pool_allocations: vec![9; loss.len()],
+                os_allocations: vec![0; loss.len()],
+                heap_live_bytes: vec![512; loss.len()],
+                heap_allocations: vec![3; loss.len()],
+                step_nanos: vec![1000; loss.len()],
             },
         }
     }
@@ -368,6 +547,51 @@ mod tests {
     }
 
     #[test]
+    fn sizes_round_up_to_what_max_bytes_takes() {
+        for bytes in [
+            0,
+            1,
+            1023,
+            1024,
+            1025,
+            37_440,
+            37_478,
+            99_999,
+            1 << 20,
+            (10 << 20) + 1,
+            usize::MAX / 4,
+        ] {
+            let text = size_up(bytes);
+            let parsed = ndmem::alloc::parse_size(&text).unwrap();
+            assert!(
+                parsed >= bytes && text.len() <= 6,
+                "{bytes}: {text} = {parsed}"
+            );
+            if bytes >= 1024 {
+                // Three significant digits: within 1% above.
+                assert!((parsed as f64) < bytes as f64 * 1.01, "{bytes}: {text}");
+            }
+        }
+        assert_eq!(size_up(37_440), "36.6K");
+        assert_eq!(size_up(512), "512B");
+        assert_eq!(size_up(1 << 20), "1.00M");
+    }
+
+    #[test]
+    fn validation_names_what_is_wrong() {
+        assert!(report(vec![]).validate().unwrap_err().contains("no modes"));
+        let mut m = mode("pool", &[1.0, 0.5]);
+        m.series.heap_live_bytes.pop();
+        let error = report(vec![m]).validate().unwrap_err();
+        assert!(
+            error.contains("\"pool\" ran 2 steps")
+                && error.contains("heap_live_bytes holds 1 value"),
+            "{error}"
+        );
+        assert!(report(vec![mode("pool", &[1.0])]).validate().is_ok());
+    }
+
+    #[test]
     fn json_round_trips_loss_bits() {
         let loss = [1.0986123f32, 0.1 + 0.2, f32::MIN_POSITIVE, 3.4e38];
         let r = report(vec![mode("pool", &loss)]);
@@ -390,7 +614,7 @@ mod tests {
             .contains("\"final_loss\":null"));
         let back = Report::read_json(&path).unwrap();
         assert_eq!(back.modes[0].final_loss, None);
-        assert!(back.table().lines().nth(1).unwrap().contains(" - "));
+        assert!(back.table().lines().nth(2).unwrap().contains(" - "));
         fs::write(&path, "{}").unwrap();
         assert!(Report::read_json(&path)
             .unwrap_err()
@@ -403,10 +627,24 @@ mod tests {
         let r = report(vec![mode("pool", &[1.0]), mode("workspaces", &[1.0])]);
         let table = r.table();
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 4);
-        assert!(lines[3].starts_with("(steps/s"));
-        assert!(lines[1].starts_with("pool ") && lines[2].starts_with("workspaces"));
-        assert!(lines[0].contains("pool allocs/step") && lines[2].contains("90.0%"));
+        assert!(lines[0].contains("allocs/step") && lines[0].contains("off-heap peak"));
+        assert!(lines[1].starts_with("mode ") && lines[1].ends_with("acc"));
+        assert!(lines[2].starts_with("pool ") && lines[3].starts_with("workspaces"));
+        assert!(lines[3].contains("90.0%") && lines[3].contains(" 8.00K "));
+        assert!(lines[4].starts_with("steps/s: 1 / median step time"));
+        assert!(lines
+            .last()
+            .unwrap()
+            .starts_with("--max-bytes 8.00K or more runs"));
+        assert!(lines.iter().all(|l| l.chars().count() <= 80), "{table}");
+        // Every cell ends where its header ends.
+        let ends = |line: &str| -> Vec<usize> {
+            line.match_indices(|c: char| c != ' ')
+                .filter(|(i, _)| line[i + 1..].starts_with(' ') || i + 1 == line.len())
+                .map(|(i, _)| i)
+                .collect()
+        };
+        assert_eq!(ends(lines[1])[1..], ends(lines[3])[1..], "{table}");
         assert_eq!(mean_after_first(&[7, 1, 3]), 2.0);
         assert_eq!(mean_after_first(&[7]), 0.0);
         // The first step and a preempted one do not move the median.

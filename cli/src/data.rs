@@ -6,7 +6,7 @@
 //! place (a batch allocates nothing once its buffers have their capacity).
 
 /// The embedded CSV: a header line, then `sepal_length,sepal_width,petal_length,petal_width,species`.
-pub const IRIS_CSV: &str = include_str!("../../../data/iris.csv");
+pub const IRIS_CSV: &str = include_str!("../../data/iris.csv");
 
 /// Species names, in label order.
 pub const CLASSES: [&str; 3] = ["setosa", "versicolor", "virginica"];

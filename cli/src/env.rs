@@ -1,0 +1,120 @@
+//! The command's `NDMEM_*` environment, read and checked once before any work: the four
+//! limits, the workspace debug mode, and how a percentage in `NDMEM_MAX_DEVICE_BYTES`
+//! reads.
+//!
+//! Invariant: a value that does not parse is an error naming the variable and its value,
+//! with an "(expected e.g. ...)" hint, before anything runs (semantics §1: garbage is never
+//! a silent default).
+
+use ndmem::alloc::{heap, Limits, ENV_MAX_DEVICE_BYTES};
+
+use crate::Failure;
+
+/// The variable choosing the workspace debug mode (semantics §2.5).
+pub const ENV_WORKSPACES: &str = "NDMEM_WORKSPACES";
+
+/// What `NDMEM_WORKSPACES` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkspaceDebug {
+    /// Unset or empty: workspaces work normally.
+    Normal,
+    /// `spill_everything`: every workspace allocation spills; the buffers are never used.
+    SpillEverything,
+    /// `bypass`: workspaces are off; their allocations go to the pool.
+    Bypass,
+}
+
+impl WorkspaceDebug {
+    /// Parses a value of `NDMEM_WORKSPACES` as the library does (case-insensitive,
+    /// surrounding spaces ignored; unset or empty means normal).
+    pub fn parse(value: Option<&str>) -> Result<WorkspaceDebug, String> {
+        let Some(value) = value else {
+            return Ok(WorkspaceDebug::Normal);
+        };
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(WorkspaceDebug::Normal),
+            "spill_everything" => Ok(WorkspaceDebug::SpillEverything),
+            "bypass" => Ok(WorkspaceDebug::Bypass),
+            _ => Err(format!(
+                "{ENV_WORKSPACES}={value:?} is not a workspace debug mode (expected e.g. spill_everything, bypass, or unset)"
+            )),
+        }
+    }
+
+    /// One line for the run's header, `None` in normal mode.
+    pub fn describe(self) -> Option<&'static str> {
+        match self {
+            WorkspaceDebug::Normal => None,
+            WorkspaceDebug::SpillEverything => {
+                Some("NDMEM_WORKSPACES=spill_everything: every workspace allocation spills")
+            }
+            WorkspaceDebug::Bypass => {
+                Some("NDMEM_WORKSPACES=bypass: workspaces are off, their tensors are pool blocks")
+            }
+        }
+    }
+}
+
+/// The checked environment.
+#[derive(Debug, Clone)]
+pub struct Environment {
+    /// The four limits.
+    pub limits: Limits,
+    /// The workspace debug mode.
+    pub workspaces: WorkspaceDebug,
+    /// `NDMEM_MAX_DEVICE_BYTES` when it is a percentage (`"50%"`): a share of each device's
+    /// memory, which only a device layer can resolve.
+    pub device_percent: Option<String>,
+}
+
+/// Reads and checks every `NDMEM_*` variable the command uses (exit 2 on garbage).
+pub fn check() -> Result<Environment, Failure> {
+    if let Some(error) = heap::env_error() {
+        return Err(Failure::config(error.to_string()));
+    }
+    let limits = Limits::from_env().map_err(|e| Failure::config(e.to_string()))?;
+    let workspaces = match std::env::var(ENV_WORKSPACES) {
+        Ok(value) => WorkspaceDebug::parse(Some(&value)),
+        Err(std::env::VarError::NotPresent) => Ok(WorkspaceDebug::Normal),
+        Err(std::env::VarError::NotUnicode(value)) => Err(format!(
+            "{ENV_WORKSPACES}={:?} is not valid UTF-8 (expected e.g. spill_everything, bypass, or unset)",
+            value.to_string_lossy()
+        )),
+    }
+    .map_err(Failure::config)?;
+    let device_percent = std::env::var(ENV_MAX_DEVICE_BYTES)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| v.ends_with('%'));
+    Ok(Environment {
+        limits,
+        workspaces,
+        device_percent,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_debug_modes_parse_and_garbage_names_the_variable() {
+        assert_eq!(WorkspaceDebug::parse(None), Ok(WorkspaceDebug::Normal));
+        assert_eq!(WorkspaceDebug::parse(Some(" ")), Ok(WorkspaceDebug::Normal));
+        assert_eq!(
+            WorkspaceDebug::parse(Some("Bypass")),
+            Ok(WorkspaceDebug::Bypass)
+        );
+        assert_eq!(
+            WorkspaceDebug::parse(Some("spill_everything ")),
+            Ok(WorkspaceDebug::SpillEverything)
+        );
+        let error = WorkspaceDebug::parse(Some("garbage")).unwrap_err();
+        assert!(
+            error.starts_with("NDMEM_WORKSPACES=\"garbage\"") && error.contains("(expected e.g."),
+            "{error}"
+        );
+        assert!(WorkspaceDebug::Normal.describe().is_none());
+        assert!(WorkspaceDebug::Bypass.describe().unwrap().len() <= 80);
+    }
+}

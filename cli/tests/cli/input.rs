@@ -1,0 +1,229 @@
+//! Bad input and configuration: one `ndmem: ...` line and a non-zero exit, before any
+//! work (semantics §1: garbage limits are errors naming the variable); output paths
+//! checked before training.
+
+use super::*;
+
+#[test]
+fn bad_input_is_one_line_and_a_nonzero_exit() {
+    let dir = temp_dir("bad-input");
+    let cases: [BadInput; 16] = [
+        (
+            &["--max-bytes", "-1"],
+            &[],
+            "--max-bytes <SIZE>': sizes cannot be negative",
+        ),
+        (&["--batch", "0"], &[], "--batch"),
+        (&["train", "--epochs", "-1"], &[], "--epochs"),
+        (&["--mode", "fast"], &[], "'fast'"),
+        (&["--lr", "-0.5"], &[], "--lr"),
+        (&["--max-bytes", "lots"], &[], "--max-bytes"),
+        (
+            &["--steps", "2"],
+            &[("NDMEM_MAX_BYTES", "garbage")],
+            "NDMEM_MAX_BYTES=\"garbage\"",
+        ),
+        (
+            &["--steps", "2", "--max-bytes", "1K"],
+            &[],
+            "Can't allocate",
+        ),
+        (&["report", "missing.json"], &[], "missing.json"),
+        (&["--hidden", "18446744073709551615"], &[], "at most 65536"),
+        (&["--hidden", "10000000000000"], &[], "--hidden"),
+        (&["--batch", "1e9"], &[], "--batch"),
+        (
+            &["--epochs", "4000000000", "--batch", "1"],
+            &[],
+            "at most 1000000",
+        ),
+        (
+            &["--epochs", "1000000", "--batch", "1"],
+            &[],
+            "more than 1000000: lower --epochs",
+        ),
+        (
+            &["--mode", "pool", "--lr", "1e30", "--steps", "20"],
+            &[],
+            "diverged): lower --lr (now 1e30)",
+        ),
+        (
+            &["limits"],
+            &[("NDMEM_MAX_PHYSICAL_BYTES", "1.5.G")],
+            "NDMEM_MAX_PHYSICAL_BYTES",
+        ),
+    ];
+    for (args, env, needle) in cases {
+        let out = ndmem(&dir, args, env);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            matches!(out.status.code(), Some(1 | 2)),
+            "{args:?}: {:?}",
+            out.status
+        );
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("ndmem: ") && stderr.contains(needle),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("backtrace"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn garbage_heap_limit_is_one_behaviour_and_one_message() {
+    // The tracking allocator reads NDMEM_MAX_HEAP at the program's first allocation; its
+    // own warning ("not applied") is not shown, the command refuses the value for every
+    // invocation, `--version` and `--help` included, with the hint every variable gives.
+    let dir = temp_dir("bad-heap");
+    for args in [
+        &["--steps", "2"][..],
+        &["--version"],
+        &["--help"],
+        &["limits"],
+    ] {
+        let out = ndmem(&dir, args, &[("NDMEM_MAX_HEAP", "garbage")]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("ndmem: NDMEM_MAX_HEAP=\"garbage\" is not a valid size")
+                && stderr.contains("(expected e.g. 1048576, 64K")
+                && !stderr.contains("not applied"),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: nothing else is printed");
+    }
+    assert!(!dir.join("ndmem-report.json").exists(), "nothing ran");
+}
+
+#[test]
+fn the_workspace_variable_is_checked_before_any_work() {
+    let dir = temp_dir("bad-workspaces");
+    for args in [&["--steps", "2"][..], &["limits"], &["report", "r.json"]] {
+        let out = ndmem(&dir, args, &[("NDMEM_WORKSPACES", "garbage")]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("ndmem: NDMEM_WORKSPACES=\"garbage\" is not a workspace debug mode")
+                && stderr.contains("(expected e.g. spill_everything, bypass"),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: no work before the check");
+    }
+    // The README's table of variables lists it.
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    assert!(
+        readme
+            .lines()
+            .any(|l| l.starts_with("| `NDMEM_WORKSPACES` |")),
+        "README lists NDMEM_WORKSPACES"
+    );
+}
+
+#[test]
+fn output_paths_are_checked_before_training() {
+    let dir = temp_dir("paths");
+    // A missing --out-dir is created.
+    let out = ndmem(&dir, &["--steps", "2", "--out-dir", "new/reports"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("new/reports/ndmem-report.json").is_file());
+    assert!(dir.join("new/reports/ndmem-report.svg").is_file());
+    // Refused before any work: stdout stays empty, nothing is written.
+    let refused: [BadInput; 4] = [
+        (
+            &["--steps", "2", "--json", "r.out", "--svg", "./r.out"],
+            &[],
+            "--json and --svg both name r.out",
+        ),
+        (
+            &["--steps", "2", "--json", "missing/r.json"],
+            &[],
+            "--json missing/r.json: the directory missing does not exist",
+        ),
+        (
+            &["--steps", "2", "--out-dir", "new/reports/ndmem-report.json"],
+            &[],
+            "exists and is not a directory",
+        ),
+        (
+            &[
+                "report",
+                "new/reports/ndmem-report.json",
+                "-o",
+                "new/../new/reports/ndmem-report.json",
+            ],
+            &[],
+            "names the JSON report being read",
+        ),
+    ];
+    let before = std::fs::read(dir.join("new/reports/ndmem-report.json")).unwrap();
+    for (args, env, needle) in refused {
+        let out = ndmem(&dir, args, env);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("ndmem: ") && stderr.contains(needle),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+    }
+    assert!(!dir.join("r.out").exists() && !dir.join("missing").exists());
+    assert_eq!(
+        std::fs::read(dir.join("new/reports/ndmem-report.json")).unwrap(),
+        before,
+        "the report read is never overwritten"
+    );
+}
+
+#[test]
+fn a_heap_limit_too_small_to_train_is_one_line_and_exit_1() {
+    // The allocator refuses, the command's OOM hook writes one line and exits: no abort.
+    let dir = temp_dir("small-heap");
+    for limit in ["64K", "1"] {
+        let out = ndmem(&dir, &[], &[("NDMEM_MAX_HEAP", limit)]);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{limit}: {:?} {stderr}",
+            out.status
+        );
+        assert_eq!(stderr.lines().count(), 1, "{limit}: {stderr}");
+        assert!(
+            stderr.starts_with("ndmem: heap limit reached: ")
+                && stderr.trim_end().ends_with("raise NDMEM_MAX_HEAP"),
+            "{limit}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn help_lists_the_subcommands_and_options() {
+    let dir = temp_dir("help");
+    let out = ndmem(&dir, &["--help"], &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success());
+    for word in ["train", "limits", "report", "--max-bytes", "--mode"] {
+        assert!(stdout.contains(word), "{word}: {stdout}");
+    }
+    for (sub, word) in [
+        ("train", "--epochs"),
+        ("limits", "CUDA"),
+        ("report", "--output"),
+    ] {
+        let out = ndmem(&dir, &[sub, "--help"], &[]);
+        assert!(out.status.success(), "{sub} --help");
+        assert!(
+            text(&out.stdout).contains(word),
+            "{sub} --help lacks {word}"
+        );
+    }
+}

@@ -1,0 +1,335 @@
+//! `ndmem train`: every mode, identical losses, both reports, the table, limits that
+//! hold and grow monotonically, and runs of a single step.
+
+use super::*;
+
+#[test]
+fn train_runs_every_mode_with_identical_losses_and_writes_both_reports() {
+    let dir = temp_dir("train");
+    let out = ndmem(
+        &dir,
+        &[
+            "train",
+            "--steps",
+            "12",
+            "--hidden",
+            "8",
+            "--max-bytes",
+            "4M",
+            "--out-dir",
+            ".",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("loss curves identical across modes: yes (12 steps"),
+        "{stdout}"
+    );
+    // The table: the header, then exactly one row per mode, in run order.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("mode ") && l.contains("steps/s"))
+        .unwrap_or_else(|| panic!("no table header: {stdout}"));
+    for (i, mode) in MODES.iter().enumerate() {
+        let row = lines.get(header + 1 + i).copied().unwrap_or("");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells.first(), Some(mode), "row {i} of the table: {stdout}");
+        assert!(row.ends_with('%'), "row {i} of the table: {row}");
+    }
+    assert!(
+        lines[header + 4].starts_with("steps/s: 1 / median"),
+        "a fourth row: {stdout}"
+    );
+
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ndmem-report.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["config"]["max_bytes"], 4 << 20);
+    let modes = json["modes"].as_array().unwrap();
+    let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
+    assert_eq!(names, MODES);
+    let by_mode: BTreeMap<&str, &Value> = names.iter().copied().zip(modes).collect();
+
+    // The same bits in every mode.
+    let losses: Vec<Vec<u32>> = modes
+        .iter()
+        .map(|m| loss_bits(&m["series"]["loss"]))
+        .collect();
+    assert_eq!(losses[0].len(), 12);
+    assert!(losses[0]
+        .iter()
+        .all(|l| f32::from_bits(*l).is_finite() && f32::from_bits(*l) > 0.0));
+    assert_eq!(losses[0], losses[1]);
+    assert_eq!(losses[0], losses[2]);
+    for mode in modes {
+        let last = mode["final_loss"].as_f64().unwrap() as f32;
+        assert_eq!(Some(&last.to_bits()), losses[0].last(), "{}", mode["mode"]);
+    }
+
+    // Workspaces: the first step spills and learns, then nothing comes from the pool.
+    let ws_allocs = numbers(&by_mode["workspaces"]["series"]["pool_allocations"]);
+    assert!(ws_allocs[0] > 0.0, "the first cycle spills: {ws_allocs:?}");
+    assert!(ws_allocs[1..].iter().all(|a| *a == 0.0), "{ws_allocs:?}");
+    assert_eq!(by_mode["workspaces"]["pool_allocations_per_step"], 0.0);
+    // Pool mode does allocate per step, so the zero above is a measurement.
+    let pool_allocs = numbers(&by_mode["pool"]["series"]["pool_allocations"]);
+    assert!(pool_allocs[1..].iter().all(|a| *a > 0.0), "{pool_allocs:?}");
+
+    for mode in modes {
+        let used = mode["peak_pool_used_bytes"].as_u64().unwrap();
+        let live = mode["peak_pool_bytes"].as_u64().unwrap();
+        assert!(live > 0 && live <= used && used <= 4 << 20, "{mode}");
+        // Every step's peak stayed under --max-bytes and within the mode's peak.
+        let peaks = numbers(&mode["series"]["pool_peak_bytes"]);
+        assert!(
+            peaks.iter().all(|p| *p > 0.0 && *p <= f64::from(4 << 20)),
+            "{peaks:?}"
+        );
+        // The mode's peak also covers creating the parameters and evaluating.
+        assert!(peaks.iter().copied().fold(0.0, f64::max) <= live as f64);
+        assert!(mode["peak_heap_bytes"].as_u64().unwrap() > 0);
+        let accuracy = mode["test_accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&accuracy));
+        for series in ["pool_live_bytes", "os_allocations", "heap_live_bytes"] {
+            assert_eq!(numbers(&mode["series"][series]).len(), 12, "{series}");
+        }
+    }
+
+    // The SVG: well-formed, one line per mode in each of the four panels, a legend entry
+    // per mode and panel.
+    let svg = std::fs::read_to_string(dir.join("ndmem-report.svg")).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("the SVG is well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let mut lines_by_colour: BTreeMap<&str, usize> = BTreeMap::new();
+    for node in doc.descendants().filter(|n| n.has_tag_name("polyline")) {
+        let points = node
+            .attribute("points")
+            .unwrap_or("")
+            .split_whitespace()
+            .count();
+        let stroke = node.attribute("stroke").unwrap_or("");
+        if points == 12 && stroke != "#000000" {
+            *lines_by_colour.entry(stroke).or_default() += 1;
+        }
+    }
+    assert_eq!(
+        lines_by_colour.len(),
+        3,
+        "one colour per mode: {lines_by_colour:?}"
+    );
+    assert!(
+        lines_by_colour.values().all(|n| *n == 4),
+        "{lines_by_colour:?}"
+    );
+    for mode in MODES {
+        let prefix = format!("{mode} (");
+        let labels: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .filter_map(|n| n.text().map(str::trim))
+            .filter(|t| t.starts_with(&prefix))
+            .collect();
+        assert_eq!(labels.len(), 4, "legend entries for {mode}: {labels:?}");
+    }
+    assert!(
+        svg.contains("workspaces (mean 0.00 after step 1)"),
+        "the allocations legend gives the figure"
+    );
+
+    // `ndmem report` renders the same picture from the JSON.
+    let again = ndmem(
+        &dir,
+        &["report", "ndmem-report.json", "-o", "again.svg"],
+        &[],
+    );
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(std::fs::read_to_string(dir.join("again.svg")).unwrap(), svg);
+}
+
+#[test]
+fn one_mode_with_explicit_report_paths() {
+    let dir = temp_dir("one-mode");
+    let out = ndmem(
+        &dir,
+        &[
+            "--mode", "scopes", "--epochs", "1", "--batch", "64", "--json", "r.json", "--svg",
+            "r.svg",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("loss curves: one mode ran, nothing to compare"),
+        "{stdout}"
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+    // 120 training rows in batches of 64: two steps, the second one short.
+    assert_eq!(json["modes"][0]["steps"], 2);
+    assert!(dir.join("r.svg").is_file() && !dir.join("ndmem-report.json").exists());
+}
+
+#[test]
+fn the_tables_used_peak_is_a_limit_that_runs_the_modes() {
+    let dir = temp_dir("table-limit");
+    for mode in ["all", "workspaces"] {
+        let args = ["--mode", mode, "--steps", "12", "--hidden", "8"];
+        let out = ndmem(&dir, &args, &[]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        // The columns say what they measure; the limit's figure is named as such.
+        assert!(
+            stdout.contains("off-heap peak") && stdout.contains("the figure --max-bytes limits"),
+            "{stdout}"
+        );
+        let names = stdout
+            .lines()
+            .find(|l| l.starts_with("mode "))
+            .unwrap_or_else(|| panic!("no column names: {stdout}"));
+        let used = names
+            .split_whitespace()
+            .position(|c| c == "used")
+            .unwrap_or_else(|| panic!("no used column: {names}"));
+        // The figure the table offers is the largest `used` cell, and the JSON's peak.
+        let cells: Vec<String> = stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("mode "))
+            .skip(1)
+            .take_while(|l| !l.starts_with("steps/s: "))
+            .map(|l| l.split_whitespace().nth(used).unwrap().to_string())
+            .collect();
+        assert!(!cells.is_empty(), "{stdout}");
+        let offered = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("--max-bytes "))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no --max-bytes line: {stdout}"))
+            .to_string();
+        let size = |s: &str| ndmem::alloc::parse_size(s).unwrap();
+        assert_eq!(
+            cells.iter().map(|c| size(c)).max(),
+            Some(size(&offered)),
+            "{stdout}"
+        );
+        let json = read_json(&dir.join("ndmem-report.json"));
+        for m in json["modes"].as_array().unwrap() {
+            assert!(m["peak_pool_used_bytes"].as_u64().unwrap() as usize <= size(&offered));
+        }
+        // A user who takes that figure as the limit succeeds.
+        let again: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(["--max-bytes", &offered])
+            .collect();
+        let out = ndmem(&dir, &again, &[]);
+        assert!(
+            out.status.success(),
+            "--max-bytes {offered} from the table: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn larger_limits_never_fail_where_smaller_ones_succeed() {
+    let dir = temp_dir("sweep");
+    let mut outcomes = Vec::new();
+    for kib in 8..=48 {
+        let limit = format!("{kib}K");
+        let out = ndmem(&dir, &["--steps", "12", "--max-bytes", &limit], &[]);
+        let stderr = text(&out.stderr);
+        assert!(
+            out.status.success() || stderr.contains("Can't allocate"),
+            "{limit}: {stderr}"
+        );
+        outcomes.push((kib, out.status.success(), stderr));
+    }
+    let first = outcomes
+        .iter()
+        .position(|(_, ok, _)| *ok)
+        .expect("some limit up to 48K runs every mode");
+    assert!(first > 0, "8K is too small to train: the sweep must cross");
+    for (kib, ok, stderr) in &outcomes[first..] {
+        assert!(ok, "{}K ran but {kib}K failed: {stderr}", outcomes[first].0);
+    }
+}
+
+#[test]
+fn a_single_step_run_says_what_it_ran() {
+    let dir = temp_dir("one-step");
+    let out = ndmem(&dir, &["--steps", "1"], &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("run: 1 step per mode (--steps 1; 100 epochs of 8 steps would be 800)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("yes (1 step, compared"), "{stdout}");
+    assert!(!stdout.contains("1 steps"), "{stdout}");
+    assert!(!stdout.contains("after step 1"), "{stdout}");
+    assert!(
+        stdout.contains("workspaces vs pool: ")
+            && stdout.contains("pool allocs in the only step: "),
+        "{stdout}"
+    );
+
+    let svg = std::fs::read_to_string(dir.join("ndmem-report.svg")).unwrap();
+    // One step makes no line: each mode is a dot in each of the four panels.
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    let dots = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("circle"))
+        .count();
+    assert_eq!(dots, 12, "{svg}");
+    // Tick labels on one axis share a `y`: none repeats (no "1 1 1 1 1 2 2").
+    let mut by_row: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (y, t) in svg_texts(&svg) {
+        if t.parse::<f64>().is_ok() {
+            by_row.entry(y).or_default().push(t);
+        }
+    }
+    for (y, labels) in by_row {
+        let mut unique = labels.clone();
+        unique.sort();
+        unique.dedup();
+        // Two panels side by side share a row: each label at most once per panel.
+        assert!(labels.len() <= 2 * unique.len(), "row y={y}: {labels:?}");
+        for label in &unique {
+            assert!(
+                labels.iter().filter(|l| *l == label).count() <= 2,
+                "row y={y}: {labels:?}"
+            );
+        }
+    }
+    assert!(
+        !svg.contains(">2<") && svg.contains("1 step in 3 memory modes"),
+        "no step 2 on the axes, and the title says one step"
+    );
+}
+
+#[test]
+fn the_header_names_the_workspace_debug_mode() {
+    let dir = temp_dir("debug-mode");
+    for mode in ["bypass", "spill_everything"] {
+        let out = ndmem(
+            &dir,
+            &["--steps", "2", "--mode", "workspaces"],
+            &[("NDMEM_WORKSPACES", mode)],
+        );
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{mode}: {}", text(&out.stderr));
+        let header: Vec<&str> = stdout.lines().take_while(|l| !l.is_empty()).collect();
+        assert!(
+            header
+                .iter()
+                .any(|l| l.starts_with(&format!("NDMEM_WORKSPACES={mode}: "))),
+            "{mode}: {stdout}"
+        );
+    }
+    let out = ndmem(&dir, &["--steps", "2", "--mode", "workspaces"], &[]);
+    assert!(!text(&out.stdout).contains("NDMEM_WORKSPACES"));
+}

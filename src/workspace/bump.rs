@@ -1,0 +1,170 @@
+//! The bump region of a running cycle: the buffer's base, the next free byte, and the end
+//! of the bytes this cycle may use (semantics §2.2).
+//!
+//! Invariant: `end` is 0 unless a cycle is running; while it is not 0, `[cursor, end)`
+//! lies inside the live buffer starting at `base`, so a bump that stays below `end`
+//! returns a pointer into that buffer. The bump reads and writes `Cell`s only: no lock, no
+//! allocation, no system call.
+
+#![allow(unsafe_code)]
+
+use std::alloc::Layout;
+use std::cell::Cell;
+use std::ptr::NonNull;
+
+use super::sizing::padding;
+
+/// Where the running cycle bumps.
+#[derive(Debug)]
+pub(crate) struct Region {
+    /// The workspace alignment (a power of two up to 4096).
+    align: usize,
+    base: Cell<*mut u8>,
+    /// The next free byte: `base + offset` (kept as a pointer so the bump reads one field).
+    cursor: Cell<*mut u8>,
+    /// Address of the end of the region this cycle may bump into; 0 when no cycle runs.
+    end: Cell<usize>,
+}
+
+impl Region {
+    /// An empty region (no buffer, no cycle) of a workspace aligned to `align`.
+    pub(crate) fn new(align: usize) -> Region {
+        Region {
+            align,
+            base: Cell::new(std::ptr::null_mut()),
+            cursor: Cell::new(std::ptr::null_mut()),
+            end: Cell::new(0),
+        }
+    }
+
+    /// The bump itself: a pointer if the request fits the running cycle's region.
+    #[inline(always)]
+    pub(crate) fn bump(&self, layout: Layout) -> Option<NonNull<u8>> {
+        let size = layout.size();
+        let align = self.align.max(layout.align());
+        let cursor = self.cursor.get();
+        let pad = padding(cursor as usize, align);
+        // `end` is 0 unless a cycle is running, so a left or destroyed workspace never
+        // passes this test. `pad + size` cannot overflow: `pad` is below the larger of the
+        // workspace alignment (at most 4096) and `layout.align()`, and a Layout's size plus
+        // its alignment fits in isize.
+        let new_end = (cursor as usize).checked_add(pad + size)?;
+        if size == 0 || new_end > self.end.get() {
+            return None;
+        }
+        self.cursor.set(cursor.wrapping_add(pad + size));
+        // SAFETY: `cursor + pad < new_end <= end`, and whenever `end > 0` the region
+        // `[cursor, end)` lies inside the live buffer, so the result is in it and not null.
+        Some(unsafe { NonNull::new_unchecked(cursor.add(pad)) })
+    }
+
+    /// Padding the next request aligned to `align` would need here.
+    pub(crate) fn padding(&self, align: usize) -> usize {
+        padding(self.cursor.get() as usize, align)
+    }
+
+    /// Whether the workspace has a buffer.
+    pub(crate) fn has_buffer(&self) -> bool {
+        !self.base.get().is_null()
+    }
+
+    /// Moves to a new buffer (null: none), with no cycle region.
+    pub(crate) fn set_base(&self, base: *mut u8) {
+        self.base.set(base);
+        self.cursor.set(base);
+        self.end.set(0);
+    }
+
+    /// Offset of the next free byte from the buffer's base.
+    pub(crate) fn offset(&self) -> usize {
+        (self.cursor.get() as usize).wrapping_sub(self.base.get() as usize)
+    }
+
+    /// Moves the next free byte to `offset`.
+    pub(crate) fn set_offset(&self, offset: usize) {
+        self.cursor.set(self.base.get().wrapping_add(offset));
+    }
+
+    /// Offset of the end of this cycle's region (0: no cycle runs).
+    pub(crate) fn end_offset(&self) -> usize {
+        self.end.get().saturating_sub(self.base.get() as usize)
+    }
+
+    /// Sets the end of this cycle's region to `offset`; 0 closes it (nothing bumps).
+    /// Callers keep `offset` within the buffer.
+    pub(crate) fn set_end_offset(&self, offset: usize) {
+        let end = if offset == 0 {
+            0
+        } else {
+            (self.base.get() as usize).wrapping_add(offset)
+        };
+        self.end.set(end);
+    }
+
+    /// Extends the allocation at `ptr` of `old` bytes to `new` bytes in place, if it is the
+    /// last one bumped and the region has room.
+    pub(crate) fn grow_last(&self, ptr: NonNull<u8>, old: usize, new: usize) -> bool {
+        if !self.has_buffer() {
+            return false;
+        }
+        let at = (ptr.as_ptr() as usize).wrapping_sub(self.base.get() as usize);
+        if at.checked_add(old) != Some(self.offset()) {
+            return false;
+        }
+        match at.checked_add(new) {
+            Some(end) if end <= self.end_offset() => {
+                self.set_offset(end);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A dangling pointer aligned to `align` (a power of two), for zero-size requests.
+pub(crate) fn dangling(align: usize) -> NonNull<u8> {
+    // SAFETY: `align` is a power of two, so never 0; the pointer is never dereferenced
+    // (zero-size allocations are only compared and passed back).
+    unsafe { NonNull::new_unchecked(std::ptr::null_mut::<u8>().wrapping_add(align)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dangling_pointers_are_aligned() {
+        for shift in 0..13 {
+            let align = 1usize << shift;
+            assert_eq!(dangling(align).as_ptr() as usize % align, 0);
+        }
+    }
+
+    #[test]
+    fn a_region_bumps_only_while_a_cycle_runs_and_within_its_end() {
+        let mut bytes = vec![0u128; 16]; // 256 bytes, 16-aligned
+        let region = Region::new(16);
+        let layout = Layout::from_size_align(10, 1).unwrap();
+        assert!(region.bump(layout).is_none(), "no buffer");
+        region.set_base(bytes.as_mut_ptr().cast());
+        assert!(region.bump(layout).is_none(), "no cycle");
+        region.set_offset(0);
+        region.set_end_offset(32);
+        let first = region.bump(layout).unwrap();
+        let second = region.bump(layout).unwrap();
+        assert_eq!(second.as_ptr() as usize % 16, 0);
+        assert!(second.as_ptr() as usize >= first.as_ptr() as usize + 10);
+        assert!(region.bump(layout).is_none(), "past the end");
+        assert!(
+            region.grow_last(second, 10, 12),
+            "the last one grows in place"
+        );
+        assert!(!region.grow_last(first, 10, 12), "an earlier one does not");
+        assert!(!region.grow_last(second, 12, 100), "not past the end");
+        region.set_end_offset(0);
+        assert!(region
+            .bump(Layout::from_size_align(1, 1).unwrap())
+            .is_none());
+        drop(bytes);
+    }
+}

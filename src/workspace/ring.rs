@@ -1,0 +1,121 @@
+//! The ring of a circular workspace (semantics §2.4): which slot the running cycle bumps
+//! in, the counted reference to it that the cycle's stamps share, and when a ring that
+//! spilled is rebuilt.
+//!
+//! Invariant: cycle `n` bumps only inside its own slot `[k x slot_bytes, (k + 1) x
+//! slot_bytes)`, and a cycle starts only in a slot whose reference count is 0, looking from
+//! the slot after the last one used, so a cycle's memory is overwritten only after the
+//! ring came round and every stamp of it is gone. With every slot referenced, the cycle
+//! gets no slot (it spills).
+
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+
+use super::buffer::Buffer;
+use super::sizing::{RingShape, PINNED_CYCLES};
+use super::stamp::KeepAlive;
+
+/// A counted reference to one slot of a ring, held (through an `Arc`) by the stamps of the
+/// memory bumped there, so the bytes stay as written while any thread can reach them.
+#[derive(Debug)]
+pub(crate) struct SlotRef {
+    ring: Arc<Buffer>,
+    slot: usize,
+}
+
+impl SlotRef {
+    fn new(ring: Arc<Buffer>, slot: usize) -> SlotRef {
+        ring.slots().hold(slot);
+        SlotRef { ring, slot }
+    }
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        self.ring.slots().release(self.slot);
+    }
+}
+
+/// The ring's shape and the running cycle's place in it.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    shape: Cell<Option<RingShape>>,
+    /// The slot of the running or last cycle.
+    slot: Cell<usize>,
+    /// The reference to this cycle's slot that its stamps share (one per cycle, so a bump
+    /// costs an `Arc` clone, not an allocation).
+    slot_ref: RefCell<Option<Arc<SlotRef>>>,
+    /// The generation at whose end a ring that spilled is rebuilt.
+    rebuild_at: Cell<Option<u64>>,
+}
+
+impl Ring {
+    /// No ring yet.
+    pub(crate) fn new() -> Ring {
+        Ring {
+            shape: Cell::new(None),
+            slot: Cell::new(0),
+            slot_ref: RefCell::new(None),
+            rebuild_at: Cell::new(None),
+        }
+    }
+
+    /// The ring's shape, once it exists.
+    pub(crate) fn shape(&self) -> Option<RingShape> {
+        self.shape.get()
+    }
+
+    /// A new ring of `shape` is in place: the next cycle starts at slot 0.
+    pub(crate) fn reset(&self, shape: RingShape) {
+        self.shape.set(Some(shape));
+        self.slot.set(0);
+    }
+
+    /// Starts a cycle in `buffer` (the ring): the `[start, end)` offsets of the first slot,
+    /// from the current one, that nothing refers to, or `None` if every slot is referenced.
+    pub(crate) fn start_cycle(&self, buffer: &Arc<Buffer>) -> Option<(usize, usize)> {
+        let shape = self.shape.get()?;
+        let slot = buffer.slots().first_free(self.slot.get())?;
+        self.slot.set(slot);
+        *self.slot_ref.borrow_mut() = Some(Arc::new(SlotRef::new(Arc::clone(buffer), slot)));
+        let start = shape.start(slot);
+        Some((start, start + shape.slot_bytes))
+    }
+
+    /// What a stamp of memory bumped in the running cycle keeps alive.
+    pub(crate) fn keep_alive(&self) -> Option<KeepAlive> {
+        self.slot_ref
+            .borrow()
+            .as_ref()
+            .map(|slot| Arc::clone(slot) as KeepAlive)
+    }
+
+    /// Drops the cycle's own reference to its slot (stamps keep theirs).
+    pub(crate) fn end_cycle(&self) {
+        self.slot_ref.borrow_mut().take();
+    }
+
+    /// Moves on to the slot after the current one; returns the offset where it starts.
+    pub(crate) fn advance(&self) -> usize {
+        let Some(shape) = self.shape.get() else {
+            return 0;
+        };
+        let slot = shape.next(self.slot.get());
+        self.slot.set(slot);
+        shape.start(slot)
+    }
+
+    /// Whether a ring whose cycle `generation` just ended should be rebuilt now: a cycle
+    /// that spilled (with `Reallocate`) schedules the rebuild [`PINNED_CYCLES`] cycles later,
+    /// when its spills are no longer pinned (semantics §2.4).
+    pub(crate) fn rebuild_due(&self, generation: u64, spilled: bool) -> bool {
+        if spilled && self.rebuild_at.get().is_none() {
+            self.rebuild_at.set(Some(generation + PINNED_CYCLES));
+        }
+        if self.rebuild_at.get().is_some_and(|at| generation >= at) {
+            self.rebuild_at.set(None);
+            return true;
+        }
+        false
+    }
+}
