@@ -554,7 +554,7 @@ fn a_view_across_a_close_releases_its_block_to_its_pool_when_it_drops() {
 /// the workspace's source, and a detached copy is drawn from the same pool, not the global one.
 #[test]
 fn detach_from_a_workspace_copies_into_the_workspace_source() {
-    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    let source = private(Some(1 << 20));
     let cfg = ndmem::WorkspaceConfig::builder()
         .initial_size(1 << 16)
         .source(source)
