@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod counter;
+mod display;
 mod error;
 mod limits;
 #[cfg(not(ndmem_loom))]
@@ -38,6 +39,7 @@ mod physical;
 mod pool;
 mod slots;
 mod sync;
+pub mod trace;
 #[cfg(not(ndmem_loom))]
 mod tracking;
 

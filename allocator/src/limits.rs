@@ -149,6 +149,7 @@ fn unit_shift(suffix: &[u8]) -> Result<u32, SizeError> {
 
 /// Where a limit's value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum LimitSource {
     /// Read from its environment variable.
     Environment,
@@ -160,6 +161,7 @@ pub enum LimitSource {
 
 /// Where each of the four limits came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LimitSources {
     /// Source of [`Limits::max_heap`].
     pub max_heap: LimitSource,

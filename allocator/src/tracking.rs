@@ -52,6 +52,7 @@ static OOM_HOOK: AtomicUsize = AtomicUsize::new(0);
 
 /// Heap statistics of the process (semantics §1), as of the last flush of each thread.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HeapStats {
     /// Bytes allocated and not yet freed.
     pub live_bytes: usize,

@@ -22,6 +22,7 @@ use std::ptr::NonNull;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
+use ndmem_alloc::trace::{self, EventKind, NameId, Space};
 use ndmem_alloc::{AllocError, Usage};
 
 use super::buffer::{claim_path, Buffer, PathClaim};
@@ -31,7 +32,7 @@ use super::ring::Ring;
 use super::sizing::{spilled_bytes, RingShape, Sizing};
 use super::spill::Spills;
 use super::stamp::{KeepAlive, Shared, Stamp, WorkspaceMemory};
-use super::stats::WorkspaceStats;
+use super::stats::{Figures, WorkspaceStats};
 use crate::error::Error;
 
 /// What the configuration and the debug mode fixed when the workspace was created.
@@ -93,6 +94,8 @@ pub(crate) struct Arena {
     spills: Spills,
     ring: Ring,
     _claim: Option<PathClaim>,
+    /// The workspace's name in the timeline recorder (semantics §7).
+    trace_name: NameId,
 }
 
 impl Arena {
@@ -128,6 +131,7 @@ impl Arena {
             spills: Spills::default(),
             ring: Ring::new(),
             _claim: claim,
+            trace_name: trace::intern(Space::Workspace, id),
         };
         if config.initial_size() > 0 && !arena.settings.no_buffer {
             if circular {
@@ -375,7 +379,10 @@ impl Arena {
     #[inline]
     pub(crate) fn alloc(&self, layout: Layout) -> Result<NonNull<[u8]>, Error> {
         match self.region.bump(layout) {
-            Some(ptr) => Ok(NonNull::slice_from_raw_parts(ptr, layout.size())),
+            Some(ptr) => {
+                self.trace_bump(layout.size());
+                Ok(NonNull::slice_from_raw_parts(ptr, layout.size()))
+            }
             None => self.alloc_slow(layout),
         }
     }
@@ -405,6 +412,7 @@ impl Arena {
     #[inline]
     fn place(&self, layout: Layout) -> Result<(NonNull<u8>, Landing), Error> {
         if let Some(ptr) = self.region.bump(layout) {
+            self.trace_bump(layout.size());
             return Ok((ptr, Landing::Bumped));
         }
         self.place_slow(layout)
@@ -452,6 +460,14 @@ impl Arena {
             .source()
             .allocate(size, align, Usage::Workspace)?;
         let ptr = block.ptr();
+        let used = self.spills.this_cycle() + counted;
+        trace::record(
+            EventKind::Spill,
+            Space::Workspace,
+            self.trace_name,
+            size as u64,
+            used as u64,
+        );
         if settings.circular {
             let keep = self.spills.pin(block, counted, self.generation());
             Ok((ptr, Landing::Spilled(Some(keep))))
@@ -511,9 +527,13 @@ impl Arena {
 
     /// A snapshot of the workspace's figures.
     pub(crate) fn stats(&self) -> WorkspaceStats {
+        self.figures().named(self.id())
+    }
+
+    /// The figures of [`Arena::stats`], read without allocating.
+    pub(crate) fn figures(&self) -> Figures {
         let size = self.size();
-        WorkspaceStats {
-            id: self.id().to_string(),
+        Figures {
             size,
             used: if self.is_open() {
                 self.region.offset() - self.cycles.start.get()
@@ -533,5 +553,28 @@ impl Arena {
                 _ => 0,
             },
         }
+    }
+}
+
+impl Arena {
+    /// Records a bump of `bytes` in the timeline (semantics §7); one relaxed load when the
+    /// recorder is off.
+    #[inline]
+    fn trace_bump(&self, bytes: usize) {
+        if trace::is_on() {
+            let used = self.region.offset() - self.cycles.start.get();
+            trace::record(
+                EventKind::Alloc,
+                Space::Workspace,
+                self.trace_name,
+                bytes as u64,
+                used as u64,
+            );
+        }
+    }
+
+    /// The workspace's name in the timeline recorder.
+    pub(crate) fn trace_name(&self) -> NameId {
+        self.trace_name
     }
 }

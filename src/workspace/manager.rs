@@ -7,6 +7,11 @@
 //! top. Guards are `!Send`, so entries are pushed and removed on the thread that owns
 //! them; when the thread exits, the manager's destructor destroys every workspace it
 //! still knows, which frees their memory.
+//!
+//! The process-wide registry ([`all_workspaces`], semantics §7) holds one [`Published`]
+//! copy of the figures of every live workspace of every thread: a workspace joins it when
+//! it is created and leaves it when it is destroyed (or its thread exits), and its thread
+//! republishes its figures at every enter and leave. The bump path never touches it.
 
 use std::alloc::Layout;
 use std::cell::RefCell;
@@ -14,17 +19,22 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ndmem_alloc::trace::{self, EventKind, Space};
 
 use super::arena::Arena;
 use super::config::{debug_mode, WorkspaceConfig};
 use super::stamp::WorkspaceMemory;
-use super::stats::WorkspaceStats;
+use super::stats::{Figures, Published, WorkspaceStats};
 use crate::error::Error;
 
 /// What one thread knows about its workspaces.
 struct Manager {
     /// Every workspace of the thread, in creation order.
     workspaces: RefCell<Vec<Rc<Arena>>>,
+    /// The registry entry of each workspace, in the same order.
+    published: RefCell<Vec<Arc<Published>>>,
     /// One entry per live guard; `None` for a scope-out guard.
     stack: RefCell<Vec<Option<Rc<Arena>>>>,
 }
@@ -33,8 +43,40 @@ impl Manager {
     const fn new() -> Manager {
         Manager {
             workspaces: RefCell::new(Vec::new()),
+            published: RefCell::new(Vec::new()),
             stack: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Publishes the figures of `arena` to the registry.
+    fn publish(&self, arena: &Arena) {
+        let Ok(list) = self.workspaces.try_borrow() else {
+            return;
+        };
+        let Ok(published) = self.published.try_borrow() else {
+            return;
+        };
+        if let Some(i) = list.iter().position(|a| std::ptr::eq(&**a, arena)) {
+            if let Some(p) = published.get(i) {
+                p.store(&arena.figures());
+            }
+        }
+    }
+
+    /// Adds `arena` to this thread's list and to the registry.
+    fn add(&self, arena: &Rc<Arena>) {
+        let published = Arc::new(Published::new(arena.id()));
+        published.store(&arena.figures());
+        lock_registry().push(Arc::clone(&published));
+        self.workspaces.borrow_mut().push(Rc::clone(arena));
+        self.published.borrow_mut().push(published);
+    }
+
+    /// Removes the workspace at `position` from this thread's list and the registry.
+    fn remove(&self, position: usize) -> Rc<Arena> {
+        let published = self.published.borrow_mut().remove(position);
+        lock_registry().retain(|p| !Arc::ptr_eq(p, &published));
+        self.workspaces.borrow_mut().remove(position)
     }
 
     fn find(&self, id: &str) -> Option<Rc<Arena>> {
@@ -65,6 +107,8 @@ impl Drop for Manager {
         // outlives its thread (one kept in another thread-local, say) still reads its
         // workspace's memory: that workspace is invalidated but its memory is leaked, never
         // freed under the view.
+        let mine = std::mem::take(self.published.get_mut());
+        lock_registry().retain(|p| !mine.iter().any(|m| Arc::ptr_eq(p, m)));
         for arena in self.workspaces.get_mut().drain(..) {
             if arena.shared().views() > 0 {
                 arena.shared().destroy();
@@ -79,6 +123,61 @@ impl Drop for Manager {
 
 thread_local! {
     static MANAGER: Manager = const { Manager::new() };
+}
+
+/// Every live workspace of every thread (semantics §7).
+static REGISTRY: Mutex<Vec<Arc<Published>>> = Mutex::new(Vec::new());
+
+fn lock_registry() -> std::sync::MutexGuard<'static, Vec<Arc<Published>>> {
+    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The statistics of every live workspace of every thread, with the owning thread
+/// (`name (ThreadId(n))`), in creation order (semantics §7). The calling thread's figures
+/// are exact; another thread's are those it published when it last entered or left one of
+/// its workspaces (so `used` and `spilled_bytes` of a cycle running there lag).
+pub fn all_workspaces() -> Vec<(String, WorkspaceStats)> {
+    let _ = MANAGER.try_with(|m| {
+        if let Ok(list) = m.workspaces.try_borrow() {
+            for arena in list.iter() {
+                m.publish(arena);
+            }
+        }
+    });
+    lock_registry()
+        .iter()
+        .map(|p| (p.thread().to_string(), p.load()))
+        .collect()
+}
+
+/// Records the end of a cycle and what learning did at it (semantics §7).
+fn trace_cycle_end(arena: &Arena, before: &Figures, after: &Figures) {
+    if after.cycles == before.cycles {
+        return;
+    }
+    let name = arena.trace_name();
+    let bytes = (before.used + before.spilled_bytes) as u64;
+    trace::record(
+        EventKind::CycleEnd,
+        Space::Workspace,
+        name,
+        bytes,
+        after.size as u64,
+    );
+    if after.size > before.size {
+        let kind = if before.size == 0 {
+            EventKind::Learn
+        } else {
+            EventKind::Reallocate
+        };
+        trace::record(
+            kind,
+            Space::Workspace,
+            name,
+            after.size as u64,
+            after.size as u64,
+        );
+    }
 }
 
 fn thread_exiting(workspace: &str) -> Error {
@@ -145,7 +244,7 @@ impl Workspaces {
                     Some(arena) => arena,
                     None => {
                         let arena = Rc::new(Arena::new(id, config, mode)?);
-                        m.workspaces.borrow_mut().push(Rc::clone(&arena));
+                        m.add(&arena);
                         arena
                     }
                 };
@@ -153,6 +252,8 @@ impl Workspaces {
                 let parent = stack.last().cloned().flatten();
                 arena.enter(parent.as_ref())?;
                 stack.push(Some(Rc::clone(&arena)));
+                drop(stack);
+                m.publish(&arena);
                 Ok(WorkspaceGuard {
                     arena,
                     _not_send: PhantomData,
@@ -232,9 +333,10 @@ impl Workspaces {
     pub fn destroy(&self, id: &str) -> Result<(), Error> {
         let arena = MANAGER
             .try_with(|m| {
-                let mut list = m.workspaces.borrow_mut();
+                let list = m.workspaces.borrow();
                 let position = list.iter().position(|a| a.id() == id)?;
                 let views = list[position].shared().views();
+                drop(list);
                 if views > 0 {
                     return Some(Err(Error::WorkspaceInUse {
                         workspace: id.to_string(),
@@ -242,7 +344,7 @@ impl Workspaces {
                         views,
                     }));
                 }
-                Some(Ok(list.remove(position)))
+                Some(Ok(m.remove(position)))
             })
             .ok()
             .flatten()
@@ -261,10 +363,15 @@ impl Workspaces {
     pub fn destroy_all_for_current_thread(&self) -> usize {
         let all: Vec<Rc<Arena>> = MANAGER
             .try_with(|m| {
-                let mut list = m.workspaces.borrow_mut();
-                let (busy, idle): (Vec<_>, Vec<_>) =
-                    list.drain(..).partition(|a| a.shared().views() > 0);
-                *list = busy;
+                let mut idle = Vec::new();
+                let mut i = 0;
+                while i < m.workspaces.borrow().len() {
+                    if m.workspaces.borrow()[i].shared().views() > 0 {
+                        i += 1;
+                    } else {
+                        idle.push(m.remove(i));
+                    }
+                }
                 idle
             })
             .unwrap_or_default();
@@ -370,7 +477,12 @@ impl fmt::Debug for WorkspaceGuard {
 impl Drop for WorkspaceGuard {
     fn drop(&mut self) {
         let _ = MANAGER.try_with(|m| m.pop(Some(&self.arena)));
+        let before = trace::is_on().then(|| self.arena.figures());
         self.arena.leave();
+        let _ = MANAGER.try_with(|m| m.publish(&self.arena));
+        if let Some(before) = before {
+            trace_cycle_end(&self.arena, &before, &self.arena.figures());
+        }
     }
 }
 

@@ -47,8 +47,8 @@ pub use config::{
     WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
 };
 pub use manager::{
-    allocate_in, allocate_in_current, allocate_in_parent, parent_of_current, workspaces, ScopeOut,
-    WorkspaceGuard, Workspaces,
+    all_workspaces, allocate_in, allocate_in_current, allocate_in_parent, parent_of_current,
+    workspaces, ScopeOut, WorkspaceGuard, Workspaces,
 };
 pub use stamp::{Stamp, ViewPin, WorkspaceMemory};
 pub use stats::WorkspaceStats;

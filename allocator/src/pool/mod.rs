@@ -35,6 +35,7 @@ use crate::limits::{ENV_MAX_BYTES, ENV_MAX_PHYSICAL_BYTES};
 use crate::physical::physical_bytes;
 use crate::slots::Slots;
 use crate::sync::{AtomicUsize, Ordering};
+use crate::trace::EventKind;
 
 pub use block::{Block, Reservation};
 pub use class::MAX_ALIGN;
@@ -84,6 +85,7 @@ impl Pool {
     #[cfg(not(ndmem_loom))]
     pub fn global() -> &'static Pool {
         GLOBAL.get_or_init(|| {
+            let _ = crate::trace::init_from_env();
             let (limits, error) = match Limits::from_env() {
                 Ok(limits) => (limits, None),
                 Err(e) => (Limits::builder().build(), Some(e)),
@@ -187,6 +189,10 @@ impl Pool {
             },
         };
         self.books.live(capacity, usage);
+        if crate::trace::is_on() {
+            let (pool, held) = (self as *const Pool as usize, self.budget.used());
+            crate::trace::record_pool(EventKind::Alloc, pool, capacity, held);
+        }
         // SAFETY: `ptr` is a block of exactly `capacity` bytes of this pool (its class's
         // size, from the cache of that class or fresh from the OS), owned by this call alone
         // (a cached pointer leaves its slot through one `swap`), with every byte initialised
@@ -234,6 +240,8 @@ impl Pool {
             };
             if relieved {
                 self.books.failure();
+                let pool = self as *const Pool as usize;
+                crate::trace::refused(pool, self.budget.used(), &refusal);
                 return Err(refusal);
             }
             relieved = true;
@@ -280,6 +288,10 @@ impl Pool {
     /// at the limit it is released before anything fails.
     fn release(&self, ptr: NonNull<u8>, capacity: usize, usage: Usage) {
         self.books.freed(capacity, usage);
+        if crate::trace::is_on() {
+            let (pool, held) = (self as *const Pool as usize, self.budget.used());
+            crate::trace::record_pool(EventKind::Free, pool, capacity, held);
+        }
         if let Some(class) = cached_class(capacity) {
             // Counted before the push so a racing pop can never take the count below zero.
             self.books.caching(capacity);

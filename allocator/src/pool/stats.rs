@@ -14,6 +14,7 @@ use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// What a block is for; the out-of-memory message breaks the used bytes down by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Usage {
     /// Tensor data outside workspaces.
     Tensor,
@@ -33,6 +34,7 @@ impl Usage {
 
 /// Pool statistics (semantics §1). Bytes are block capacities: what the pool really holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PoolStats {
     /// Bytes of blocks handed out and not yet freed (including [`Reservation`]s).
     ///

@@ -1,0 +1,630 @@
+//! The timeline recorder (semantics §7): a bounded ring of memory events (allocations,
+//! frees, spills, cycle ends, learning, reallocations, refusals, transfers), each with its
+//! time, bytes, thread and the interned name of its pool, workspace or scope.
+//!
+//! Off by default: every recording site first asks [`is_on`], one relaxed load. Switched
+//! on by [`start`] (a ring of a fixed number of events, allocated then) and off by
+//! [`stop`]; `NDMEM_TRACE=path` ([`ENV_TRACE`]) starts it when the global pool is first
+//! used and writes the ring to `path` as JSON when the process exits ([`dump`] writes it
+//! on demand).
+//!
+//! Invariant: recording allocates nothing and takes no lock. An event claims the next
+//! sequence number with one `fetch_add` and writes its slot (`sequence % capacity`) under
+//! a per-slot sequence word (odd while written, `2 x sequence + 2` once written), so the
+//! ring never holds more than its capacity and a reader takes only slots whose word says
+//! they hold the event it expects, fully written. Names are interned once ([`intern`],
+//! which does allocate, when a workspace or pool is made), and events carry the index.
+//! Rings are never freed (a reader or a late writer may still hold one): a [`start`] with
+//! a new capacity allocates a new ring, one with the same capacity clears and reuses it.
+
+#![allow(unsafe_code)]
+
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError, RwLock};
+use std::time::Instant;
+
+use crate::error::{AllocError, ConfigError};
+
+/// The variable that switches the recorder on at start-up and names the file written at
+/// exit: `NDMEM_TRACE=trace.json`.
+pub const ENV_TRACE: &str = "NDMEM_TRACE";
+
+/// Events the ring started by `NDMEM_TRACE` holds.
+pub const DEFAULT_CAPACITY: usize = 1 << 16;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum EventKind {
+    /// A pool block handed out (bytes: its capacity), or a bump in a workspace (bytes: the
+    /// request).
+    Alloc,
+    /// A pool block given back.
+    Free,
+    /// A workspace request served from the pool because it did not fit (semantics §2.2).
+    Spill,
+    /// A workspace cycle ended (bytes: the cycle's bumped and spilled bytes).
+    CycleEnd,
+    /// A workspace got its first buffer (bytes: its size; semantics §2.3).
+    Learn,
+    /// A workspace replaced its buffer by a larger one (bytes: the new size).
+    Reallocate,
+    /// An allocation was refused at a limit (bytes: the request).
+    Oom,
+    /// A copy between host and device (reserved for the device layer; not recorded yet).
+    Transfer,
+}
+
+impl EventKind {
+    const ALL: [EventKind; 8] = [
+        EventKind::Alloc,
+        EventKind::Free,
+        EventKind::Spill,
+        EventKind::CycleEnd,
+        EventKind::Learn,
+        EventKind::Reallocate,
+        EventKind::Oom,
+        EventKind::Transfer,
+    ];
+
+    /// The name used in the JSON file (`alloc`, `cycle_end`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Alloc => "alloc",
+            EventKind::Free => "free",
+            EventKind::Spill => "spill",
+            EventKind::CycleEnd => "cycle_end",
+            EventKind::Learn => "learn",
+            EventKind::Reallocate => "reallocate",
+            EventKind::Oom => "oom",
+            EventKind::Transfer => "transfer",
+        }
+    }
+}
+
+/// What an event's name is the name of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Space {
+    /// A native pool (its figure is the bytes it holds against its limit).
+    Pool,
+    /// A workspace.
+    Workspace,
+    /// A scope.
+    Scope,
+    /// A device.
+    Device,
+}
+
+impl Space {
+    const ALL: [Space; 4] = [Space::Pool, Space::Workspace, Space::Scope, Space::Device];
+
+    /// The name used in the JSON file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Space::Pool => "pool",
+            Space::Workspace => "workspace",
+            Space::Scope => "scope",
+            Space::Device => "device",
+        }
+    }
+}
+
+/// An interned name: an index into the recorder's table ([`intern`], [`name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct NameId(pub u32);
+
+/// One recorded event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Event {
+    /// Position in the recording since the last [`start`] (gaps: overwritten events).
+    pub seq: u64,
+    /// Nanoseconds since the last [`start`].
+    pub time_ns: u64,
+    /// What happened.
+    pub kind: EventKind,
+    /// Whose name [`Event::name`] is.
+    pub space: Space,
+    /// The pool, workspace or scope.
+    pub name: NameId,
+    /// The recorder's small id of the thread (1, 2, ... in order of first event).
+    pub thread: u32,
+    /// Bytes of the event (see [`EventKind`]).
+    pub bytes: u64,
+    /// The figure after the event: a pool's bytes held against its limit, a workspace's
+    /// buffer size (0 when not known at the recording site).
+    pub value: u64,
+}
+
+static ON: AtomicBool = AtomicBool::new(false);
+/// Bumped whenever [`start`] installs a ring, so threads refresh their cached reference.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+static RING: Mutex<Option<&'static Ring>> = Mutex::new(None);
+static NAMES: RwLock<Vec<(Space, String)>> = RwLock::new(Vec::new());
+static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
+/// Pools seen by the recorder, by address; the index is the pool's name id.
+static POOLS: Mutex<Vec<(usize, NameId)>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// (generation, ring, thread id) as of this thread's last event.
+    static LOCAL: Cell<(u64, Option<&'static Ring>, u32)> = const { Cell::new((u64::MAX, None, 0)) };
+}
+
+/// One slot: `seq` is odd while written and `2 x sequence + 2` once written.
+#[derive(Default)]
+struct Slot {
+    seq: AtomicU64,
+    time: AtomicU64,
+    bytes: AtomicU64,
+    value: AtomicU64,
+    /// kind (8 bits) | space (8) | thread (16) | name (32).
+    meta: AtomicU64,
+}
+
+struct Ring {
+    slots: Box<[Slot]>,
+    head: AtomicU64,
+    /// The clock's tick and the instant when the ring was (re)started.
+    base_tick: AtomicU64,
+    base: Mutex<Instant>,
+}
+
+impl Ring {
+    fn new(capacity: usize) -> Ring {
+        Ring {
+            slots: (0..capacity).map(|_| Slot::default()).collect(),
+            head: AtomicU64::new(0),
+            base_tick: AtomicU64::new(ticks()),
+            base: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn restart(&self) {
+        for slot in self.slots.iter() {
+            slot.seq.store(0, Ordering::Relaxed);
+        }
+        self.head.store(0, Ordering::Relaxed);
+        *self.base.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        self.base_tick.store(ticks(), Ordering::Release);
+    }
+
+    #[inline]
+    fn push(&self, meta: u64, bytes: u64, value: u64) {
+        let time = ticks();
+        let seq = self.head.fetch_add(1, Ordering::Relaxed);
+        let slot = &self.slots[(seq % self.slots.len() as u64) as usize];
+        slot.seq.store(2 * seq + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        slot.time.store(time, Ordering::Relaxed);
+        slot.bytes.store(bytes, Ordering::Relaxed);
+        slot.value.store(value, Ordering::Relaxed);
+        slot.meta.store(meta, Ordering::Relaxed);
+        slot.seq.store(2 * seq + 2, Ordering::Release);
+    }
+
+    /// The slot of `seq`, if it still holds that event, fully written.
+    fn read(&self, seq: u64) -> Option<(u64, u64, u64, u64)> {
+        let slot = &self.slots[(seq % self.slots.len() as u64) as usize];
+        if slot.seq.load(Ordering::Acquire) != 2 * seq + 2 {
+            return None;
+        }
+        let fields = (
+            slot.time.load(Ordering::Relaxed),
+            slot.bytes.load(Ordering::Relaxed),
+            slot.value.load(Ordering::Relaxed),
+            slot.meta.load(Ordering::Relaxed),
+        );
+        fence(Ordering::Acquire);
+        (slot.seq.load(Ordering::Relaxed) == 2 * seq + 2).then_some(fields)
+    }
+
+    /// Nanoseconds per tick, measured from the ring's start to now.
+    fn ns_per_tick(&self) -> f64 {
+        if !cfg!(target_arch = "x86_64") {
+            return 1.0;
+        }
+        let elapsed = self
+            .base
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed()
+            .as_nanos() as f64;
+        let ticks = ticks().saturating_sub(self.base_tick.load(Ordering::Acquire)) as f64;
+        if ticks > 0.0 && elapsed > 0.0 {
+            elapsed / ticks
+        } else {
+            1.0
+        }
+    }
+}
+
+/// A cheap monotonic clock: the time-stamp counter on x86-64 (converted to nanoseconds
+/// when the ring is read), nanoseconds since the first call elsewhere.
+#[inline]
+fn ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` exists on every x86-64 processor and only reads the time-stamp
+        // counter; it touches no memory.
+        #[allow(unused_unsafe)]
+        unsafe {
+            core::arch::x86_64::_rdtsc()
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+}
+
+/// Whether the recorder is on: one relaxed load, all a recording site costs when it is off.
+#[inline(always)]
+pub fn is_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Switches the recorder on with a ring of `capacity` events (at least 1), discarding what
+/// an earlier recording held. The ring is allocated here; recording allocates nothing.
+pub fn start(capacity: usize) {
+    let capacity = capacity.max(1);
+    let mut ring = RING.lock().unwrap_or_else(PoisonError::into_inner);
+    ON.store(false, Ordering::Relaxed);
+    match *ring {
+        Some(r) if r.capacity() == capacity => r.restart(),
+        _ => *ring = Some(Box::leak(Box::new(Ring::new(capacity)))),
+    }
+    GENERATION.fetch_add(1, Ordering::Release);
+    ON.store(true, Ordering::Release);
+}
+
+/// Switches the recorder off; what it recorded stays readable ([`events`], [`dump`]).
+pub fn stop() {
+    ON.store(false, Ordering::Relaxed);
+}
+
+/// Records an event (when the recorder is on). `value` is the figure after the event
+/// (see [`Event::value`]).
+#[inline]
+pub fn record(kind: EventKind, space: Space, name: NameId, bytes: u64, value: u64) {
+    if is_on() {
+        record_on(kind, space, name, bytes, value);
+    }
+}
+
+#[inline(never)]
+fn record_on(kind: EventKind, space: Space, name: NameId, bytes: u64, value: u64) {
+    let generation = GENERATION.load(Ordering::Acquire);
+    let Ok((ring, thread)) = LOCAL.try_with(|local| {
+        let (seen, mut ring, mut thread) = local.get();
+        if thread == 0 {
+            thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+        }
+        if seen != generation || ring.is_none() {
+            ring = *RING.lock().unwrap_or_else(PoisonError::into_inner);
+        }
+        local.set((generation, ring, thread));
+        (ring, thread)
+    }) else {
+        return;
+    };
+    if let Some(ring) = ring {
+        let meta = kind as u64
+            | (space as u64) << 8
+            | (u64::from(thread) & 0xffff) << 16
+            | u64::from(name.0) << 32;
+        ring.push(meta, bytes, value);
+    }
+}
+
+/// Records a pool event; the pool's name is its place among the pools seen (the global
+/// pool reads `global pool`, others `pool #n`).
+#[inline]
+pub fn record_pool(kind: EventKind, pool: usize, bytes: usize, held: usize) {
+    if is_on() {
+        let name = pool_name(pool);
+        record_on(kind, Space::Pool, name, bytes as u64, held as u64);
+    }
+}
+
+/// The name id of the pool at `address`, interned on first sight.
+fn pool_name(address: usize) -> NameId {
+    let mut pools = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, id)) = pools.iter().find(|(a, _)| *a == address) {
+        return *id;
+    }
+    let id = intern(Space::Pool, &format!("pool #{}", pools.len() + 1));
+    pools.push((address, id));
+    id
+}
+
+/// Interns `name` for `space` (once: the same pair gives the same id). Allocates: call it
+/// where a workspace, scope or pool is made, not per event.
+pub fn intern(space: Space, name: &str) -> NameId {
+    let mut names = NAMES.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(i) = names.iter().position(|(s, n)| *s == space && n == name) {
+        return NameId(i as u32);
+    }
+    names.push((space, name.to_string()));
+    NameId((names.len() - 1) as u32)
+}
+
+/// The name interned as `id` (`?` for an unknown id); a pool's is `global pool` for
+/// [`crate::Pool::global`].
+pub fn name(id: NameId) -> String {
+    let entry = NAMES
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(id.0 as usize)
+        .cloned();
+    let Some((space, name)) = entry else {
+        return "?".into();
+    };
+    if space == Space::Pool {
+        #[cfg(not(ndmem_loom))]
+        {
+            let global = crate::Pool::global() as *const crate::Pool as usize;
+            let pools = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+            if pools.iter().any(|(a, i)| *a == global && *i == id) {
+                return "global pool".into();
+            }
+        }
+    }
+    name
+}
+
+/// The events the ring holds, oldest first (at most its capacity; events overwritten or
+/// being written as it is read are left out).
+pub fn events() -> Vec<Event> {
+    let Some(ring) = *RING.lock().unwrap_or_else(PoisonError::into_inner) else {
+        return Vec::new();
+    };
+    let head = ring.head.load(Ordering::Acquire);
+    let from = head.saturating_sub(ring.capacity() as u64);
+    let base = ring.base_tick.load(Ordering::Acquire);
+    let scale = ring.ns_per_tick();
+    let mut out = Vec::with_capacity((head - from) as usize);
+    for seq in from..head {
+        let Some((time, bytes, value, meta)) = ring.read(seq) else {
+            continue;
+        };
+        let kind = EventKind::ALL[(meta & 0xff) as usize % EventKind::ALL.len()];
+        let space = Space::ALL[((meta >> 8) & 0xff) as usize % Space::ALL.len()];
+        out.push(Event {
+            seq,
+            time_ns: (time.saturating_sub(base) as f64 * scale) as u64,
+            kind,
+            space,
+            name: NameId((meta >> 32) as u32),
+            thread: ((meta >> 16) & 0xffff) as u32,
+            bytes,
+            value,
+        });
+    }
+    out
+}
+
+/// Events recorded since the last [`start`] that the ring no longer holds.
+pub fn dropped() -> u64 {
+    RING.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .map_or(0, |r| {
+            r.head
+                .load(Ordering::Acquire)
+                .saturating_sub(r.capacity() as u64)
+        })
+}
+
+/// The ring's capacity (0 before the first [`start`]).
+pub fn capacity() -> usize {
+    RING.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .map_or(0, Ring::capacity)
+}
+
+/// The recording as JSON: `{"format": "ndmem-trace", "version": 1, "capacity", "dropped",
+/// "names": [{"space", "name"}], "events": [{"seq", "time_ns", "kind", "space", "name",
+/// "thread", "bytes", "value"}]}` (`name` indexes `names`). `ndmem report` renders it.
+pub fn to_json() -> String {
+    let events = events();
+    let count = NAMES.read().unwrap_or_else(PoisonError::into_inner).len();
+    let mut out = String::with_capacity(256 + events.len() * 120);
+    let _ = write!(
+        out,
+        "{{\"format\":\"ndmem-trace\",\"version\":1,\"capacity\":{},\"dropped\":{},\"names\":[",
+        capacity(),
+        dropped()
+    );
+    for i in 0..count {
+        let space = NAMES.read().unwrap_or_else(PoisonError::into_inner)[i].0;
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "{{\"space\":\"{}\",\"name\":\"{}\"}}",
+            space.as_str(),
+            escape(&name(NameId(i as u32)))
+        );
+    }
+    out.push_str("],\"events\":[");
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "\n{{\"seq\":{},\"time_ns\":{},\"kind\":\"{}\",\"space\":\"{}\",\"name\":{},\"thread\":{},\"bytes\":{},\"value\":{}}}",
+            e.seq,
+            e.time_ns,
+            e.kind.as_str(),
+            e.space.as_str(),
+            e.name.0,
+            e.thread,
+            e.bytes,
+            e.value
+        );
+    }
+    out.push_str("\n]}\n");
+    out
+}
+
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Writes [`to_json`] to `path`.
+pub fn dump(path: impl AsRef<Path>) -> std::io::Result<()> {
+    std::fs::write(path, to_json())
+}
+
+// ---- NDMEM_TRACE ------------------------------------------------------------------------
+
+static ENV_PATH: OnceLock<Result<Option<PathBuf>, ConfigError>> = OnceLock::new();
+static EXIT_HOOK: AtomicUsize = AtomicUsize::new(0);
+
+/// Reads `NDMEM_TRACE` once: unset or empty-free valid path starts the recorder with
+/// [`DEFAULT_CAPACITY`] events and arranges for [`dump`] to that path at exit. Called when
+/// the global pool is made; calling it again does nothing. Returns the path, or the error
+/// of a value that cannot name a file to write (also printed once on stderr, since the
+/// pool cannot return it).
+pub fn init_from_env() -> Result<Option<PathBuf>, ConfigError> {
+    ENV_PATH
+        .get_or_init(|| {
+            let result = env_path();
+            match &result {
+                Ok(Some(_)) => {
+                    start(DEFAULT_CAPACITY);
+                    register_exit_hook();
+                }
+                Ok(None) => {}
+                Err(e) => eprintln!("ndmem: {e}; no trace is recorded"),
+            }
+            result
+        })
+        .clone()
+}
+
+/// The error in `NDMEM_TRACE`, if its value cannot name a file to write (checked without
+/// starting anything; the `ndmem` command refuses such a value up front).
+pub fn env_error() -> Option<ConfigError> {
+    env_path().err()
+}
+
+fn env_path() -> Result<Option<PathBuf>, ConfigError> {
+    let Some(value) = std::env::var_os(ENV_TRACE) else {
+        return Ok(None);
+    };
+    let invalid = |message: &str| {
+        ConfigError::Invalid {
+        variable: ENV_TRACE.into(),
+        message: format!(
+            "{:?} {message} (expected the path of a JSON file to write at exit, e.g. NDMEM_TRACE=trace.json)",
+            value.to_string_lossy()
+        ),
+    }
+    };
+    if value.is_empty() {
+        return Err(invalid("is empty"));
+    }
+    let path = PathBuf::from(&value);
+    if path.is_dir() {
+        return Err(invalid("is a directory"));
+    }
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(parent) = parent {
+        if !parent.is_dir() {
+            return Err(invalid("is in a directory that does not exist"));
+        }
+    }
+    Ok(Some(path))
+}
+
+extern "C" fn write_at_exit() {
+    if let Some(Ok(Some(path))) = ENV_PATH.get() {
+        stop();
+        if let Err(e) = dump(path) {
+            eprintln!("ndmem: cannot write {ENV_TRACE}={}: {e}", path.display());
+        }
+    }
+}
+
+fn register_exit_hook() {
+    if EXIT_HOOK.swap(1, Ordering::Relaxed) == 0 {
+        // SAFETY: `atexit` stores a plain `extern "C" fn()` to be called once at normal
+        // exit; `write_at_exit` neither unwinds (it handles every error) nor calls `exit`.
+        unsafe {
+            libc::atexit(write_at_exit);
+        }
+    }
+}
+
+// ---- out-of-memory observer ----------------------------------------------------------
+
+static OOM_OBSERVER: RwLock<Option<fn(&AllocError)>> = RwLock::new(None);
+
+/// Sets the function a pool calls when it refuses an allocation at a limit, with the
+/// error it is about to return (ndmem's `stats::on_oom` is built on it). It runs on the
+/// refused thread, outside every pool lock; it may allocate.
+pub fn set_oom_observer(observer: Option<fn(&AllocError)>) {
+    *OOM_OBSERVER.write().unwrap_or_else(PoisonError::into_inner) = observer;
+}
+
+/// A pool refused an allocation: records an [`EventKind::Oom`] event and calls the
+/// observer. Cold: only on a refusal.
+#[cold]
+pub fn refused(pool: usize, held: usize, error: &AllocError) {
+    let requested = match error {
+        AllocError::OutOfMemory { requested, .. } | AllocError::PhysicalLimit { requested, .. } => {
+            *requested
+        }
+        _ => 0,
+    };
+    record_pool(EventKind::Oom, pool, requested, held);
+    let observer = *OOM_OBSERVER.read().unwrap_or_else(PoisonError::into_inner);
+    if let Some(observer) = observer {
+        observer(error);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_spaces_round_trip_through_their_index() {
+        for (i, k) in EventKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+        }
+        for (i, s) in Space::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i);
+        }
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(escape("a\"b\\c\n"), "a\\\"b\\\\c\\u000a");
+    }
+}
