@@ -1,7 +1,10 @@
 //! The error type of the `ndmem` crate: every way a workspace, tensor, scope or device
-//! operation can fail, each with a message that names what was wrong.
+//! operation can fail, each with a message that names what was wrong, and the out-of-memory
+//! report attached to a refusal at a limit (semantics §7; `stats` builds it).
 
-use ndmem_alloc::{AllocError, ConfigError};
+use std::fmt;
+
+use ndmem_alloc::{AllocError, ByteSize, ConfigError};
 
 /// Errors of ndmem operations. Nothing in the safe API panics on bad input or misuse.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -163,13 +166,111 @@ pub enum Error {
         /// The driver's message.
         message: String,
     },
-    /// Memory could not be allocated (a limit, a bad layout, the OS).
+    /// A pool refused an allocation at its limit ([`AllocError::OutOfMemory`]), with the
+    /// report of what held the memory and what to do (semantics §7).
+    #[error("{report}")]
+    OutOfMemory {
+        /// The report; `report.error` is the pool's refusal.
+        report: Box<OomReport>,
+    },
+    /// Memory could not be allocated (the physical limit, a bad layout, the OS; a refusal
+    /// at the pool's limit is [`Error::OutOfMemory`]).
     #[error(transparent)]
-    Alloc(#[from] AllocError),
+    Alloc(AllocError),
     /// A configuration value is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
 }
 
+impl Error {
+    /// The allocator's error inside [`Error::OutOfMemory`] or [`Error::Alloc`].
+    pub fn alloc_error(&self) -> Option<&AllocError> {
+        match self {
+            Error::OutOfMemory { report } => Some(&report.error),
+            Error::Alloc(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The out-of-memory report, for [`Error::OutOfMemory`].
+    pub fn oom_report(&self) -> Option<&OomReport> {
+        match self {
+            Error::OutOfMemory { report } => Some(report),
+            _ => None,
+        }
+    }
+}
+
 /// `Result` with ndmem's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What kind of thing holds memory in an [`OomReport`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum HolderKind {
+    /// A workspace: its buffer plus its spills.
+    Workspace,
+    /// A scope: the tensors it owns.
+    Scope,
+    /// The refusing pool's cache of freed blocks.
+    PoolCache,
+    /// Deferred frees waiting for the epoch.
+    PendingReclamation,
+}
+
+/// One holder of memory, with its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Holder {
+    /// What it is.
+    pub kind: HolderKind,
+    /// Its name (`[LOOP] on thread main (ThreadId(1))`, `[model]`, ...).
+    pub name: String,
+    /// Bytes it holds.
+    pub bytes: usize,
+    /// The breakdown (`buffer 6.00 MiB, spilled 0 B, open`).
+    pub detail: String,
+}
+
+/// The report attached to an out-of-memory error ([`Error::OutOfMemory`]) and
+/// handed to `stats::on_oom` hooks (semantics §7). `stats` builds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct OomReport {
+    /// The pool's refusal (its message opens the report).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub error: AllocError,
+    /// The largest holders, largest first (at most eight).
+    pub holders: Vec<Holder>,
+    /// Bytes held for reuse that could not serve this request: the pool's cached blocks
+    /// (the pool takes a cached block of the request's size class before it refuses, so
+    /// any left are of other classes) plus the workspace buffer bytes no running cycle
+    /// uses (they serve only their workspace's bumps).
+    pub fragmentation_bytes: usize,
+    /// What to do, most direct first: the limit's knob, `trim`, which workspace to
+    /// destroy, which scope to close, collection.
+    pub advice: Vec<String>,
+}
+
+impl fmt::Display for OomReport {
+    /// The pool's message, then the holders, the fragmentation figure and the advice.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.error)?;
+        if !self.holders.is_empty() {
+            f.write_str("\nlargest holders:")?;
+            for h in &self.holders {
+                write!(f, "\n  {} {}: {}", ByteSize(h.bytes), h.name, h.detail)?;
+            }
+        }
+        write!(
+            f,
+            "\nheld for reuse but unusable for this request: {}",
+            ByteSize(self.fragmentation_bytes)
+        )?;
+        for a in &self.advice {
+            write!(f, "\n  - {a}")?;
+        }
+        Ok(())
+    }
+}
+

@@ -262,6 +262,8 @@ pub mod reclaim;
 pub mod scope;
 mod sync;
 #[cfg(not(ndmem_loom))]
+pub mod stats;
+#[cfg(not(ndmem_loom))]
 pub mod tensor;
 #[cfg(not(ndmem_loom))]
 pub mod workspace;
@@ -286,6 +288,8 @@ pub use memory::MemorySource;
 pub use ndmem_alloc as alloc;
 #[cfg(not(ndmem_loom))]
 pub use scope::Scope;
+#[cfg(not(ndmem_loom))]
+pub use stats::trace;
 #[cfg(not(ndmem_loom))]
 pub use tensor::{DType, Element, Tensor, TensorView};
 #[cfg(not(ndmem_loom))]

@@ -19,6 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["memory::owner"],
     &["tensor"],
     &["scope"],
+    &["stats"],
 ];
 
 /// Inside `workspace/`: each module may use only those before it (and `mod` re-exports all).

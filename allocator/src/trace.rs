@@ -581,7 +581,34 @@ fn register_exit_hook() {
     }
 }
 
+// ---- retries ------------------------------------------------------------------------
+
+static RETRIES: AtomicU64 = AtomicU64::new(0);
+
+/// A pool at a limit relieved pressure (reclaimers, cache release) and retries once.
+#[cold]
+pub fn count_retry() {
+    RETRIES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Allocations every pool of the process retried after relieving pressure at a limit
+/// (PyTorch's `num_alloc_retries`).
+pub fn retries() -> u64 {
+    RETRIES.load(Ordering::Relaxed)
+}
+
 // ---- out-of-memory observer ----------------------------------------------------------
+
+thread_local! {
+    /// The address of the pool that last refused an allocation on this thread.
+    static LAST_REFUSED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The address of the pool that last refused an allocation on the calling thread (0:
+/// none), so a report can tell which pool an error came from.
+pub fn last_refused_pool() -> usize {
+    LAST_REFUSED.try_with(Cell::get).unwrap_or(0)
+}
 
 static OOM_OBSERVER: RwLock<Option<fn(&AllocError)>> = RwLock::new(None);
 
@@ -603,6 +630,7 @@ pub fn refused(pool: usize, held: usize, error: &AllocError) {
         _ => 0,
     };
     record_pool(EventKind::Oom, pool, requested, held);
+    let _ = LAST_REFUSED.try_with(|last| last.set(pool));
     let observer = *OOM_OBSERVER.read().unwrap_or_else(PoisonError::into_inner);
     if let Some(observer) = observer {
         observer(error);

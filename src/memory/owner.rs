@@ -658,3 +658,58 @@ fn give_back(held: Held, origin: Origin) {
         Origin::Borrowed(_, origin) => give_back(held, *origin),
     }
 }
+
+/// One scope's figures, as `Scope::debug_dump` prints them and `stats::snapshot` reports
+/// them (semantics §7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ScopeFigures {
+    /// The owner's process-wide id.
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    /// 0 for the scope walked from, 1 for its children, ...
+    pub(crate) depth: usize,
+    /// Whether this is the process-wide root.
+    pub(crate) root: bool,
+    /// Live memories owned, and their bytes.
+    pub(crate) tensors: usize,
+    pub(crate) bytes: usize,
+    /// Live memories borrowed, and their bytes.
+    pub(crate) borrowed: usize,
+    pub(crate) borrowed_bytes: usize,
+    pub(crate) capped: bool,
+    pub(crate) closed: bool,
+}
+
+impl Owner {
+    /// The figures of this owner and every owner under it, depth first (each owner's lock
+    /// taken on its own, never two at once).
+    pub(crate) fn walk(&self) -> Vec<ScopeFigures> {
+        let mut out = Vec::new();
+        self.walk_into(0, &mut out);
+        out
+    }
+
+    fn walk_into(&self, depth: usize, out: &mut Vec<ScopeFigures>) {
+        let inner = lock(&self.inner);
+        let live = |h: &&Held| h.0.is_live();
+        let borrowed = inner.borrowed.iter().filter(|(h, _)| h.0.is_live());
+        let flags = self.flags.load(Ordering::Acquire);
+        out.push(ScopeFigures {
+            id: self.id,
+            name: self.name.clone(),
+            depth,
+            root: self.parent.is_none(),
+            tensors: inner.owned.iter().filter(live).count(),
+            bytes: inner.owned.iter().filter(live).map(|h| h.0.len()).sum(),
+            borrowed: borrowed.clone().count(),
+            borrowed_bytes: borrowed.map(|(h, _)| h.0.len()).sum(),
+            capped: flags & CAPPED != 0,
+            closed: flags & CLOSED != 0,
+        });
+        let children: Vec<_> = inner.children.iter().filter_map(Weak::upgrade).collect();
+        drop(inner);
+        for child in children {
+            child.walk_into(depth + 1, out);
+        }
+    }
+}

@@ -56,7 +56,7 @@ fn a_scope_with_its_own_pool_allocates_only_there_under_its_limit() {
     // The private pool's limit applies to the scope, whatever the global pool allows.
     let err = scope.zeros(DType::U8, &[1 << 20]).unwrap_err();
     assert!(
-        matches!(err, Error::Alloc(AllocError::OutOfMemory { .. })),
+        matches!(err.alloc_error(), Some(AllocError::OutOfMemory { .. })),
         "{err}"
     );
     assert!(child.zeros(DType::U8, &[1 << 20]).is_err());

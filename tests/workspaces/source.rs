@@ -37,8 +37,11 @@ fn a_workspace_draws_from_its_own_source_within_its_limit() {
     fill(&g, 4, 1000);
     assert_eq!(g.stats().spilled_bytes, 0);
     match g.alloc(layout(100 << 10)) {
-        Err(Error::Alloc(e @ AllocError::OutOfMemory { requested, .. })) => {
-            assert_eq!(requested, 100 << 10);
+        Err(e @ Error::OutOfMemory { .. }) => {
+            let Some(AllocError::OutOfMemory { requested, .. }) = e.alloc_error() else {
+                panic!("{e:?}")
+            };
+            assert_eq!(*requested, 100 << 10);
             assert!(e.to_string().contains("102400 bytes"), "{e}");
         }
         other => panic!("a spill over the source's limit must fail, got {other:?}"),

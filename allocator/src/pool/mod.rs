@@ -245,6 +245,7 @@ impl Pool {
                 return Err(refusal);
             }
             relieved = true;
+            crate::trace::count_retry();
             self.reclaimers.run(self as *const Pool as usize);
             if let Some(ptr) = class.and_then(|c| self.take_cached(c, capacity)) {
                 return Ok(Some(ptr));

@@ -1,0 +1,402 @@
+//! One statistics snapshot of the whole process (semantics §7): the heap, the pools, every
+//! thread's workspaces, the scope tree, devices and pending reclamation; the
+//! PyTorch-style counters of each budget and their flat view under PyTorch's key names;
+//! one peak reset for all; the printed summary; the out-of-memory report and its hook.
+//!
+//! Invariant: every figure is read from the counters the rest of the crate keeps (pool
+//! books and budget, heap tallies, workspace cells as published to the registry, scope
+//! lists); this module keeps none of its own but the observed peak of each scope and the
+//! list of pools registered for the snapshot, and nothing here runs on an allocation
+//! path.
+//!
+//! ```
+//! use ndmem::alloc::{Limits, Pool};
+//! use ndmem::{stats, MemorySource};
+//!
+//! let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+//! let block = source.pool().allocate(4096, 64)?;
+//! let snap = stats::snapshot_of(&[source]);
+//! assert_eq!(snap.pools[0].stats.live_bytes, 4096);
+//! let keys: std::collections::BTreeMap<_, _> = snap.pytorch_keys().into_iter().collect();
+//! assert_eq!(keys["allocated_bytes.all.current"], 4096);
+//! assert_eq!(keys["allocation.all.allocated"], 1);
+//! println!("{snap}"); // a few lines per budget
+//! drop(block);
+//! # Ok::<(), ndmem::alloc::AllocError>(())
+//! ```
+
+mod keys;
+pub use keys::PYTORCH_KEYS;
+mod oom;
+mod summary;
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError, RwLock};
+
+use ndmem_alloc::{heap, HeapStats, Pool, PoolStats};
+
+use crate::memory::owner::Owner;
+use crate::memory::MemorySource;
+use crate::workspace::{all_workspaces, WorkspaceStats};
+
+pub use ndmem_alloc::trace;
+pub use crate::error::{Holder, HolderKind, OomReport};
+pub use oom::on_oom;
+
+/// The PyTorch-style counters of one figure: its value now, its peak, and what was ever
+/// added to and taken from it (`torch.cuda.memory_stats()`'s `current`, `peak`,
+/// `allocated`, `freed`). `peak` is `None` where ndmem keeps no high-water mark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Stat {
+    /// The value now.
+    pub current: u64,
+    /// The highest value since creation or the last [`reset_peak`], if kept.
+    pub peak: Option<u64>,
+    /// Everything ever added.
+    pub allocated: u64,
+    /// Everything ever taken off (`allocated - current` where both are exact).
+    pub freed: u64,
+}
+
+/// The counters of one budget, in bytes and in counts (semantics §7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct BudgetCounters {
+    /// Bytes live (handed out and not given back).
+    pub bytes: Stat,
+    /// Live allocations, counted.
+    pub count: Stat,
+    /// Bytes held against the limit (for a pool: live plus cached), current and peak.
+    pub reserved: Stat,
+    /// Allocations retried after relieving pressure at a limit (process-wide for pools).
+    pub num_alloc_retries: u64,
+    /// Allocations refused.
+    pub num_ooms: u64,
+    /// Memory obtained from the OS (or the driver), in calls.
+    pub os_allocations: u64,
+    /// Memory given back to the OS (or the driver), in calls.
+    pub os_frees: u64,
+    /// The limit, `None` when unlimited.
+    pub limit: Option<usize>,
+}
+
+impl BudgetCounters {
+    /// The counters of a pool.
+    pub fn of_pool(s: &PoolStats) -> BudgetCounters {
+        BudgetCounters {
+            bytes: Stat {
+                current: s.live_bytes as u64,
+                peak: Some(s.peak_bytes as u64),
+                allocated: s.total_allocated_bytes,
+                freed: s.total_freed_bytes,
+            },
+            count: Stat {
+                current: s.allocations.saturating_sub(s.deallocations),
+                peak: None,
+                allocated: s.allocations,
+                freed: s.deallocations,
+            },
+            reserved: Stat {
+                current: s.used_bytes as u64,
+                peak: Some(s.peak_used_bytes as u64),
+                allocated: 0,
+                freed: 0,
+            },
+            num_alloc_retries: trace::retries(),
+            num_ooms: s.failed_allocations,
+            os_allocations: s.os_allocations,
+            os_frees: s.os_frees,
+            limit: s.limit_bytes,
+        }
+    }
+
+    /// The counters of the heap.
+    pub fn of_heap(s: &HeapStats) -> BudgetCounters {
+        BudgetCounters {
+            bytes: Stat {
+                current: s.live_bytes as u64,
+                peak: Some(s.peak_bytes as u64),
+                allocated: s.total_allocated_bytes,
+                freed: s.total_freed_bytes,
+            },
+            count: Stat {
+                current: s.allocations.saturating_sub(s.deallocations),
+                peak: None,
+                allocated: s.allocations,
+                freed: s.deallocations,
+            },
+            reserved: Stat {
+                current: s.reserved_bytes as u64,
+                peak: None,
+                allocated: 0,
+                freed: 0,
+            },
+            num_alloc_retries: 0,
+            num_ooms: s.failed_allocations,
+            os_allocations: 0,
+            os_frees: 0,
+            limit: s.limit,
+        }
+    }
+}
+
+/// One pool in a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PoolSnapshot {
+    /// `global` for [`Pool::global`], the registered name otherwise.
+    pub name: String,
+    /// The pool's figures.
+    pub stats: PoolStats,
+    /// Its PyTorch-style counters.
+    pub counters: BudgetCounters,
+}
+
+/// One workspace in a [`Snapshot`], with the thread that owns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct WorkspaceEntry {
+    /// The owning thread, `name (ThreadId(n))`.
+    pub thread: String,
+    /// Its figures (for another thread's workspace, as published at its last enter or
+    /// leave).
+    pub stats: WorkspaceStats,
+}
+
+/// One scope in a [`Snapshot`] (the tree in depth-first order, the root first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ScopeSnapshot {
+    /// The scope's name (`root` for the root).
+    pub name: String,
+    /// Depth in the tree: 0 for the root.
+    pub depth: usize,
+    /// Live tensors (memories) it owns.
+    pub tensors: usize,
+    /// Their bytes.
+    pub bytes: usize,
+    /// The highest `bytes` any snapshot, summary or OOM report has seen since the scope was
+    /// made or [`reset_peak`] (an observed peak: ndmem does not count per scope on the
+    /// allocation path).
+    pub peak_bytes: usize,
+    /// Live tensors it borrowed, and their bytes.
+    pub borrowed: usize,
+    /// Bytes of the borrowed tensors.
+    pub borrowed_bytes: usize,
+    /// Whether it is capped.
+    pub capped: bool,
+    /// Whether it is closed.
+    pub closed: bool,
+}
+
+/// One device in a [`Snapshot`]. There is no device layer yet (semantics §5): every
+/// snapshot's device list is empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct DeviceSnapshot {
+    /// Device ordinal.
+    pub ordinal: u32,
+    /// Its counters.
+    pub counters: BudgetCounters,
+}
+
+/// Deferred frees waiting for the epoch (semantics §6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Reclamation {
+    /// Bytes waiting ([`crate::reclaim::pending_bytes`]).
+    pub pending_bytes: usize,
+}
+
+/// The timeline recorder's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TraceState {
+    /// Whether it records.
+    pub on: bool,
+    /// Events its ring holds at most.
+    pub capacity: usize,
+    /// Events recorded that the ring no longer holds.
+    pub dropped: u64,
+}
+
+/// Every figure of the process at one moment (semantics §7). Each part is read on its
+/// own, so figures of different parts may be a few operations apart under concurrency.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Snapshot {
+    /// The tracking allocator's figures (all zero unless it is the global allocator).
+    pub heap: HeapStats,
+    /// The heap's PyTorch-style counters.
+    pub heap_counters: BudgetCounters,
+    /// The pools: the global one and those registered, or those asked for.
+    pub pools: Vec<PoolSnapshot>,
+    /// Every live workspace of every thread.
+    pub workspaces: Vec<WorkspaceEntry>,
+    /// The scope tree, depth first from the root.
+    pub scopes: Vec<ScopeSnapshot>,
+    /// Devices: always empty until the device layer exists (semantics §5).
+    pub devices: Vec<DeviceSnapshot>,
+    /// Pending deferred frees.
+    pub reclamation: Reclamation,
+    /// The timeline recorder.
+    pub trace: TraceState,
+}
+
+/// Pools registered for [`snapshot`] beside the global one.
+static REGISTERED: RwLock<Vec<(String, MemorySource)>> = RwLock::new(Vec::new());
+/// The observed peak bytes of each scope, by owner id.
+static SCOPE_PEAKS: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
+
+/// Adds `source`'s pool to what [`snapshot`], [`reset_peak`] and [`memory_summary`] read,
+/// under `name`. Registering the same pool again renames it.
+pub fn register(name: &str, source: MemorySource) {
+    let mut list = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
+    match list.iter_mut().find(|(_, s)| *s == source) {
+        Some(entry) => entry.0 = name.to_string(),
+        None => list.push((name.to_string(), source)),
+    }
+}
+
+/// The pools [`snapshot`] reads: the global pool first, then the registered ones.
+fn default_pools() -> Vec<(String, &'static Pool)> {
+    let global = Pool::global();
+    let mut pools = vec![("global".to_string(), global)];
+    for (name, source) in REGISTERED
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+    {
+        if !std::ptr::eq(source.pool(), global) {
+            pools.push((name.clone(), source.pool()));
+        }
+    }
+    pools
+}
+
+/// The snapshot of the heap, the global pool and the registered ones ([`register`]),
+/// every workspace, the scopes, devices and reclamation (semantics §7).
+///
+/// PyTorch: `torch.cuda.memory_stats()`.
+pub fn snapshot() -> Snapshot {
+    take(default_pools())
+}
+
+/// [`snapshot`] with the pools of `sources` (in that order) instead of the global and
+/// registered ones.
+pub fn snapshot_of(sources: &[MemorySource]) -> Snapshot {
+    let pools = sources
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (pool_name(*s, i), s.pool()))
+        .collect();
+    take(pools)
+}
+
+fn pool_name(source: MemorySource, index: usize) -> String {
+    if std::ptr::eq(source.pool(), Pool::global()) {
+        return "global".into();
+    }
+    REGISTERED
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .find(|(_, s)| *s == source)
+        .map_or_else(|| format!("pool #{}", index + 1), |(n, _)| n.clone())
+}
+
+fn take(pools: Vec<(String, &'static Pool)>) -> Snapshot {
+    let heap = heap::stats();
+    let pools = pools
+        .into_iter()
+        .map(|(name, pool)| {
+            let stats = pool.stats();
+            PoolSnapshot {
+                name,
+                counters: BudgetCounters::of_pool(&stats),
+                stats,
+            }
+        })
+        .collect();
+    Snapshot {
+        heap_counters: BudgetCounters::of_heap(&heap),
+        heap,
+        pools,
+        workspaces: all_workspaces()
+            .into_iter()
+            .map(|(thread, stats)| WorkspaceEntry { thread, stats })
+            .collect(),
+        scopes: scopes(),
+        devices: Vec::new(),
+        reclamation: Reclamation {
+            pending_bytes: crate::reclaim::pending_bytes(),
+        },
+        trace: TraceState {
+            on: trace::is_on(),
+            capacity: trace::capacity(),
+            dropped: trace::dropped(),
+        },
+    }
+}
+
+/// The scope tree from the root, with observed peaks updated.
+pub(crate) fn scopes() -> Vec<ScopeSnapshot> {
+    let figures = Owner::root().walk();
+    let mut peaks = SCOPE_PEAKS.lock().unwrap_or_else(PoisonError::into_inner);
+    let peaks = peaks.get_or_insert_with(HashMap::new);
+    let out = figures
+        .into_iter()
+        .map(|f| {
+            let peak = peaks.entry(f.id).or_insert(0);
+            *peak = (*peak).max(f.bytes);
+            ScopeSnapshot {
+                name: f.name,
+                depth: f.depth,
+                tensors: f.tensors,
+                bytes: f.bytes,
+                peak_bytes: *peak,
+                borrowed: f.borrowed,
+                borrowed_bytes: f.borrowed_bytes,
+                capped: f.capped,
+                closed: f.closed,
+            }
+        })
+        .collect();
+    out
+}
+
+/// Restarts every peak from its current figure at once: the heap's, the global and
+/// registered pools' (live and used), and the scopes' observed peaks. Pools of their own
+/// that are not registered: call [`Pool::reset_peak`] on them, or use [`reset_peak_of`].
+///
+/// PyTorch: `torch.cuda.reset_peak_memory_stats()`.
+pub fn reset_peak() {
+    heap::reset_peak();
+    for (_, pool) in default_pools() {
+        pool.reset_peak();
+    }
+    reset_scope_peaks();
+}
+
+/// [`reset_peak`] for the pools of `sources` instead of the global and registered ones.
+pub fn reset_peak_of(sources: &[MemorySource]) {
+    heap::reset_peak();
+    for source in sources {
+        source.pool().reset_peak();
+    }
+    reset_scope_peaks();
+}
+
+fn reset_scope_peaks() {
+    let figures = Owner::root().walk();
+    let mut peaks = SCOPE_PEAKS.lock().unwrap_or_else(PoisonError::into_inner);
+    *peaks = Some(figures.into_iter().map(|f| (f.id, f.bytes)).collect());
+}
+
+/// The whole snapshot as one table (see [`Snapshot`]'s `Display`).
+///
+/// PyTorch: `torch.cuda.memory_summary()`.
+pub fn memory_summary() -> String {
+    snapshot().to_string()
+}

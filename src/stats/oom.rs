@@ -1,0 +1,239 @@
+//! The out-of-memory report (semantics §7): what held the memory when a pool refused an
+//! allocation, how much of it was held but unusable for the request, and which knob to
+//! turn; and the hook ([`on_oom`]) that lets a program act when it happens.
+//!
+//! Invariant: a report is built from one [`super::snapshot`]-style reading taken when the
+//! refusal is reported, on the refused thread, with no pool lock held; building it never
+//! allocates from a pool, so it cannot fail in turn. Hooks run at most once per refusal
+//! and never re-enter themselves on their thread.
+
+use std::cell::Cell;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use ndmem_alloc::{
+    AllocError, ByteSize, LimitSource, Limits, MemoryKind, Pool, ENV_MAX_BYTES,
+    ENV_MAX_DEVICE_BYTES,
+};
+
+use super::{scopes, trace};
+use crate::error::{Error, Holder, HolderKind, OomReport};
+use crate::workspace::all_workspaces;
+
+impl OomReport {
+    /// The report for `error` as things stand now.
+    pub fn new(error: AllocError) -> OomReport {
+        build(error)
+    }
+}
+
+impl From<AllocError> for Error {
+    /// A refusal at a limit becomes [`Error::OutOfMemory`] with its report, built now
+    /// (semantics §7); every other allocation error stays [`Error::Alloc`].
+    fn from(error: AllocError) -> Error {
+        match error {
+            AllocError::OutOfMemory { .. } => Error::OutOfMemory {
+                report: Box::new(OomReport::new(error)),
+            },
+            other => Error::Alloc(other),
+        }
+    }
+}
+
+fn build(error: AllocError) -> OomReport {
+    let mut holders = Vec::new();
+    let mut idle_buffers = 0;
+    let mut best_idle: Option<(String, usize)> = None;
+    for (thread, w) in all_workspaces() {
+        let held = w.size + w.spilled_bytes + w.pinned_bytes;
+        idle_buffers += w.size.saturating_sub(w.used);
+        if !w.open && held > best_idle.as_ref().map_or(0, |b| b.1) {
+            best_idle = Some((format!("[{}] of thread {thread}", w.id), held));
+        }
+        if held > 0 {
+            holders.push(Holder {
+                kind: HolderKind::Workspace,
+                name: format!("[{}] on thread {thread}", w.id),
+                bytes: held,
+                detail: format!(
+                    "buffer {}, spilled {}, pinned {}{}",
+                    ByteSize(w.size),
+                    ByteSize(w.spilled_bytes),
+                    ByteSize(w.pinned_bytes),
+                    if w.open { ", open" } else { ", not open" }
+                ),
+            });
+        }
+    }
+    let mut best_scope: Option<(String, usize, usize)> = None;
+    for s in scopes() {
+        if s.bytes > 0 {
+            if !s.closed && s.depth > 0 && s.bytes > best_scope.as_ref().map_or(0, |b| b.1) {
+                best_scope = Some((s.name.clone(), s.bytes, s.tensors));
+            }
+            holders.push(Holder {
+                kind: HolderKind::Scope,
+                name: format!("[{}]", s.name),
+                bytes: s.bytes,
+                detail: format!("{} tensors", s.tensors),
+            });
+        }
+    }
+    let pool = refusing_pool(&error);
+    let cached = pool.map_or(0, |p| p.stats().cached_bytes);
+    if cached > 0 {
+        holders.push(Holder {
+            kind: HolderKind::PoolCache,
+            name: "pool cache".into(),
+            bytes: cached,
+            detail: "freed blocks kept for reuse".into(),
+        });
+    }
+    let pending = crate::reclaim::pending_bytes();
+    if pending > 0 {
+        holders.push(Holder {
+            kind: HolderKind::PendingReclamation,
+            name: "pending reclamation".into(),
+            bytes: pending,
+            detail: "deferred frees waiting for the epoch".into(),
+        });
+    }
+    holders.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    holders.truncate(8);
+
+    let mut advice = vec![limit_advice(&error, pool)];
+    if cached > 0 {
+        advice.push(format!(
+            "call pool.trim() to give the {} of cached blocks back to the OS",
+            ByteSize(cached)
+        ));
+    }
+    if let Some((name, bytes)) = best_idle {
+        advice.push(format!(
+            "destroy workspace {name} (workspaces().destroy(..) on that thread) to free {}",
+            ByteSize(bytes)
+        ));
+    }
+    if let Some((name, bytes, tensors)) = best_scope {
+        advice.push(format!(
+            "close scope [{name}] or detach fewer of its {tensors} tensors ({})",
+            ByteSize(bytes)
+        ));
+    }
+    if pending > 0 {
+        advice.push(format!(
+            "reclaim::collect() frees the {} waiting (a thread pinned too long holds it back)",
+            ByteSize(pending)
+        ));
+    }
+    OomReport {
+        error,
+        holders,
+        fragmentation_bytes: cached + idle_buffers,
+        advice,
+    }
+}
+
+/// The pool that refused, when it can be told: the global pool when the error names its
+/// variable.
+fn refusing_pool(error: &AllocError) -> Option<&'static Pool> {
+    let global = Pool::global();
+    if let AllocError::OutOfMemory { variable, .. } = error {
+        if *variable == ENV_MAX_BYTES {
+            return Some(global);
+        }
+    }
+    let address = trace::last_refused_pool();
+    super::REGISTERED
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .map(|(_, s)| s.pool())
+        .find(|p| *p as *const Pool as usize == address)
+}
+
+/// Whether `pool` is the global pool.
+fn is_global(pool: &Pool) -> bool {
+    std::ptr::eq(pool, Pool::global())
+}
+
+/// The knob that raises the refused limit: the variable when the limit came from the
+/// environment, the call when it was set in code (semantics §1).
+fn limit_advice(error: &AllocError, pool: Option<&'static Pool>) -> String {
+    let (kind, limit) = match error {
+        AllocError::OutOfMemory { kind, limit, .. } => (*kind, *limit),
+        _ => return "free memory or raise the limit".into(),
+    };
+    if let MemoryKind::Device(_) = kind {
+        return format!("raise {ENV_MAX_DEVICE_BYTES} (now {})", ByteSize(limit));
+    }
+    if !pool.is_some_and(is_global) {
+        return format!(
+            "this pool's limit ({}) was set in code: raise Limits::builder().max_bytes(..) where the pool is made, or call Pool::set_max_bytes on it",
+            ByteSize(limit)
+        );
+    }
+    let from_env = Limits::from_env().ok();
+    let source = from_env.map(|l| (l.sources.max_bytes, l.max_bytes));
+    match source {
+        Some((LimitSource::Environment, Some(env))) if env == limit => format!(
+            "raise {ENV_MAX_BYTES} (now {}, set in the environment)",
+            ByteSize(limit)
+        ),
+        Some((LimitSource::Default, Some(default))) if default == limit => format!(
+            "the limit is the default, half of RAM ({}): set {ENV_MAX_BYTES} or call Pool::global().set_max_bytes(..)",
+            ByteSize(limit)
+        ),
+        _ => format!(
+            "the global pool's limit ({}) was set in code: raise it where Pool::set_max_bytes is called",
+            ByteSize(limit)
+        ),
+    }
+}
+
+type Hook = Arc<dyn Fn(&OomReport) + Send + Sync>;
+
+static HOOKS: RwLock<Vec<Hook>> = RwLock::new(Vec::new());
+
+thread_local! {
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Calls `hook` with the report of every allocation a pool refuses at a limit, on the
+/// refused thread, before the error is returned: the place to dump the snapshot
+/// ([`super::snapshot`]) and the timeline ([`trace::dump`]), as PyTorch's OOM observers
+/// do. Hooks accumulate; an allocation refused inside a hook does not call the hooks
+/// again.
+pub fn on_oom(hook: impl Fn(&OomReport) + Send + Sync + 'static) {
+    HOOKS
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Arc::new(hook));
+    trace::set_oom_observer(Some(observe));
+}
+
+/// The pool's observer: builds the report and runs the hooks.
+fn observe(error: &AllocError) {
+    if !matches!(error, AllocError::OutOfMemory { .. }) || IN_HOOK.with(Cell::get) {
+        return;
+    }
+    let hooks: Vec<Hook> = HOOKS
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    if hooks.is_empty() {
+        return;
+    }
+    /// Clears the re-entry flag even if a hook panics.
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_HOOK.with(|f| f.set(false));
+        }
+    }
+    IN_HOOK.with(|f| f.set(true));
+    let _reset = Reset;
+    let report = build(error.clone());
+    for hook in &hooks {
+        hook(&report);
+    }
+}
