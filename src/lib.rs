@@ -260,9 +260,9 @@ pub mod memory;
 pub mod reclaim;
 #[cfg(not(ndmem_loom))]
 pub mod scope;
-mod sync;
 #[cfg(not(ndmem_loom))]
 pub mod stats;
+mod sync;
 #[cfg(not(ndmem_loom))]
 pub mod tensor;
 #[cfg(not(ndmem_loom))]

@@ -328,6 +328,21 @@ fn record_on(kind: EventKind, space: Space, name: NameId, bytes: u64, value: u64
     }
 }
 
+/// The recorder's small id of the calling thread ([`Event::thread`]), assigned on first
+/// use.
+pub fn thread_id() -> u32 {
+    LOCAL
+        .try_with(|local| {
+            let (generation, ring, mut thread) = local.get();
+            if thread == 0 {
+                thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+                local.set((generation, ring, thread));
+            }
+            thread
+        })
+        .unwrap_or(0)
+}
+
 /// Records a pool event; the pool's name is its place among the pools seen (the global
 /// pool reads `global pool`, others `pool #n`).
 #[inline]

@@ -39,8 +39,8 @@ use crate::memory::owner::Owner;
 use crate::memory::MemorySource;
 use crate::workspace::{all_workspaces, WorkspaceStats};
 
-pub use ndmem_alloc::trace;
 pub use crate::error::{Holder, HolderKind, OomReport};
+pub use ndmem_alloc::trace;
 pub use oom::on_oom;
 
 /// The PyTorch-style counters of one figure: its value now, its peak, and what was ever

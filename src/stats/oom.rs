@@ -216,10 +216,7 @@ fn observe(error: &AllocError) {
     if !matches!(error, AllocError::OutOfMemory { .. }) || IN_HOOK.with(Cell::get) {
         return;
     }
-    let hooks: Vec<Hook> = HOOKS
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    let hooks: Vec<Hook> = HOOKS.read().unwrap_or_else(PoisonError::into_inner).clone();
     if hooks.is_empty() {
         return;
     }

@@ -168,14 +168,27 @@ impl fmt::Display for Snapshot {
         row(
             f,
             "budget",
-            ["current".into(), "peak".into(), "allocated".into(), "freed".into()],
+            [
+                "current".into(),
+                "peak".into(),
+                "allocated".into(),
+                "freed".into(),
+            ],
         )?;
         writeln!(f, "{RULE}")?;
         row(f, "heap bytes", byte_cells(&self.heap_counters.bytes))?;
-        row(f, "heap allocations", count_cells(&self.heap_counters.count))?;
+        row(
+            f,
+            "heap allocations",
+            count_cells(&self.heap_counters.count),
+        )?;
         for pool in &self.pools {
             let c = &pool.counters;
-            row(f, &format!("pool [{}] live", pool.name), byte_cells(&c.bytes))?;
+            row(
+                f,
+                &format!("pool [{}] live", pool.name),
+                byte_cells(&c.bytes),
+            )?;
             row(
                 f,
                 &format!("pool [{}] held (live+cached)", pool.name),

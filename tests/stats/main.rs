@@ -1,0 +1,454 @@
+//! Statistics and tracing (semantics §7): the snapshot against the counters it reads, the
+//! registry of every thread's workspaces, the PyTorch-style keys, the printed forms, the
+//! timeline of a scripted workload, the ring's bound, `NDMEM_TRACE`, and the
+//! out-of-memory report and hook.
+//!
+//! Tests draw from pools of their own where they can, so they run in parallel; the
+//! recorder is process-wide, so the tests that start it hold [`TRACE`] and read only the
+//! events of their own thread.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex, PoisonError};
+
+use ndmem::alloc::{AllocError, Limits, Pool, PoolStats};
+use ndmem::stats::{self, trace, HolderKind, PYTORCH_KEYS};
+use ndmem::trace::{EventKind, Space};
+use ndmem::{workspaces, DType, Error, MemorySource, Scope, WorkspaceConfig};
+
+/// Heap allocations are counted per thread, so a test can check that recording allocates
+/// nothing.
+#[global_allocator]
+static GLOBAL: common::counting::CountingPerThread = common::counting::CountingPerThread;
+
+/// Held by every test that starts or reads the process-wide recorder.
+static TRACE: Mutex<()> = Mutex::new(());
+
+fn trace_lock() -> std::sync::MutexGuard<'static, ()> {
+    TRACE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn own_source(max_bytes: usize) -> MemorySource {
+    MemorySource::new(Pool::new(Limits::builder().max_bytes(max_bytes).build()))
+}
+
+/// The stats with the RSS (which the rest of the process moves) left out.
+fn without_rss(stats: PoolStats) -> PoolStats {
+    PoolStats {
+        physical_bytes: 0,
+        ..stats
+    }
+}
+
+#[test]
+fn the_snapshot_reads_the_pools_counters_after_a_scripted_workload() {
+    let source = own_source(1 << 20);
+    let pool = source.pool();
+    let a = pool.allocate(1000, 64).unwrap();
+    let b = pool.allocate(40_000, 64).unwrap();
+    let c = pool.allocate(1000, 64).unwrap();
+    drop(a);
+    drop(c);
+    let (cap_a, cap_b) = (1024u64, b.capacity() as u64);
+    let snap = stats::snapshot_of(&[source]);
+    assert_eq!(snap.pools.len(), 1);
+    assert_eq!(without_rss(snap.pools[0].stats), without_rss(pool.stats()));
+    let c = &snap.pools[0].counters;
+    assert_eq!(c.bytes.current, cap_b);
+    assert_eq!(c.bytes.peak, Some(cap_b + 2 * cap_a));
+    assert_eq!(c.bytes.allocated, cap_b + 2 * cap_a);
+    assert_eq!(c.bytes.freed, 2 * cap_a);
+    assert_eq!(
+        (c.count.current, c.count.allocated, c.count.freed),
+        (1, 3, 2)
+    );
+    // `a` and `c` were live at once (three blocks from the OS); both went to the cache.
+    assert_eq!(c.reserved.current, cap_b + 2 * cap_a);
+    assert_eq!(c.os_allocations, 3);
+    assert_eq!(c.num_ooms, 0);
+    assert_eq!(c.limit, Some(1 << 20));
+    assert!(
+        snap.devices.is_empty(),
+        "no device layer: no device figures"
+    );
+
+    // One reset for every peak: the pool's live and used peaks fall to the figures now.
+    stats::reset_peak_of(&[source]);
+    let after = pool.stats();
+    assert_eq!(after.peak_bytes, after.live_bytes);
+    assert_eq!(after.peak_used_bytes, after.used_bytes);
+    drop(b);
+}
+
+#[test]
+fn every_pytorch_key_is_present_and_maps_to_its_figure() {
+    let source = own_source(1 << 20);
+    let block = source.pool().allocate(4096, 64).unwrap();
+    let snap = stats::snapshot_of(&[source]);
+    let keys: BTreeMap<String, u64> = snap.pytorch_keys().into_iter().collect();
+    for key in PYTORCH_KEYS {
+        assert!(keys.contains_key(*key), "missing {key}");
+    }
+    assert_eq!(keys.len(), PYTORCH_KEYS.len(), "{keys:?}");
+    for key in [
+        "allocated_bytes.all.current",
+        "allocated_bytes.all.peak",
+        "allocated_bytes.all.allocated",
+        "allocated_bytes.all.freed",
+        "reserved_bytes.all.current",
+        "reserved_bytes.all.peak",
+        "active_bytes.all.current",
+        "allocation.all.current",
+        "num_ooms",
+        "num_alloc_retries",
+    ] {
+        assert!(keys.contains_key(key), "missing {key}");
+    }
+    assert_eq!(keys["allocated_bytes.all.current"], 4096);
+    assert_eq!(keys["active_bytes.all.current"], 4096);
+    assert_eq!(keys["reserved_bytes.all.current"], 4096);
+    assert_eq!(keys["allocation.all.allocated"], 1);
+    assert_eq!(keys["segment.all.current"], 1);
+    assert_eq!(keys["num_ooms"], 0);
+    drop(block);
+}
+
+#[test]
+fn workspaces_of_other_threads_join_and_leave_the_registry() {
+    let source = own_source(8 << 20);
+    let config = WorkspaceConfig::builder().source(source).build().unwrap();
+    let ready = Arc::new(Barrier::new(2));
+    let done = Arc::new(Barrier::new(2));
+    let worker = {
+        let (ready, done, config) = (ready.clone(), done.clone(), config.clone());
+        std::thread::Builder::new()
+            .name("stats-worker".into())
+            .spawn(move || {
+                let ws = workspaces();
+                for _ in 0..3 {
+                    let g = ws.get_and_activate(&config, "STATS_OTHER").unwrap();
+                    g.alloc(Layout::from_size_align(1000, 16).unwrap()).unwrap();
+                }
+                let mine = ws.workspace("STATS_OTHER").unwrap();
+                ready.wait();
+                done.wait();
+                mine
+            })
+            .unwrap()
+    };
+    ready.wait();
+    let snap = stats::snapshot();
+    let entry = snap
+        .workspaces
+        .iter()
+        .find(|w| w.stats.id == "STATS_OTHER")
+        .expect("another thread's workspace is in the snapshot");
+    assert!(entry.thread.starts_with("stats-worker"), "{}", entry.thread);
+    done.wait();
+    let theirs = worker.join().unwrap();
+    assert_eq!(entry.stats, theirs, "the figures its thread saw");
+    assert_eq!(theirs.cycles, 3);
+    let after = stats::snapshot();
+    assert!(
+        after.workspaces.iter().all(|w| w.stats.id != "STATS_OTHER"),
+        "a thread's workspaces leave the registry when it exits"
+    );
+}
+
+#[test]
+fn this_threads_workspaces_are_exact_in_the_snapshot_and_in_the_summary() {
+    let source = own_source(8 << 20);
+    let config = WorkspaceConfig::builder().source(source).build().unwrap();
+    let ws = workspaces();
+    for _ in 0..2 {
+        let _g = ws.get_and_activate(&config, "STATS_MINE").unwrap();
+    }
+    let g = ws.get_and_activate(&config, "STATS_MINE").unwrap();
+    g.alloc(Layout::from_size_align(512, 16).unwrap()).unwrap();
+    let snap = stats::snapshot_of(&[source]);
+    let entry = snap
+        .workspaces
+        .iter()
+        .find(|w| w.stats.id == "STATS_MINE")
+        .unwrap();
+    assert_eq!(entry.stats, g.stats(), "published at the snapshot: exact");
+    assert!(entry.stats.open);
+    let summary = snap.to_string();
+    assert!(summary.contains("ndmem memory summary"), "{summary}");
+    assert!(summary.contains("| budget"), "{summary}");
+    assert!(summary.contains("pool [pool #1] live"), "{summary}");
+    assert!(summary.contains("[STATS_MINE]"), "{summary}");
+    assert!(summary.contains("devices: none"), "{summary}");
+    // The per-thread listing prints the same figures.
+    assert!(ws
+        .allocation_statistics()
+        .contains(&entry.stats.to_string()));
+    drop(g);
+    ws.destroy("STATS_MINE").unwrap();
+    assert!(stats::snapshot()
+        .workspaces
+        .iter()
+        .all(|w| w.stats.id != "STATS_MINE"));
+}
+
+#[test]
+fn scopes_report_bytes_counts_and_their_observed_peak() {
+    let source = own_source(1 << 20);
+    let scope = Scope::new_base_in("stats-scope", source);
+    let child = scope.child("stats-child").unwrap();
+    let _a = scope.zeros(DType::F32, &[256]).unwrap();
+    let b = child.zeros(DType::U8, &[100]).unwrap();
+    let snap = stats::snapshot_of(&[source]);
+    let mine = |name: &str| {
+        snap.scopes
+            .iter()
+            .find(|s| s.name == name)
+            .cloned()
+            .unwrap()
+    };
+    let (s, c) = (mine("stats-scope"), mine("stats-child"));
+    assert_eq!((s.tensors, s.bytes), (scope.tensor_count(), scope.bytes()));
+    assert_eq!((s.tensors, s.bytes), (1, 1024));
+    assert_eq!((c.tensors, c.bytes, c.depth), (1, 100, s.depth + 1));
+    assert_eq!(snap.scopes[0].name, "root");
+    // The dump prints the same figures.
+    let dump = scope.debug_dump();
+    assert!(
+        dump.contains("[stats-scope]: 1 tensors, 1024 bytes"),
+        "{dump}"
+    );
+    child.detach(&b).unwrap();
+    let later = stats::snapshot_of(&[source]);
+    let c = later
+        .scopes
+        .iter()
+        .find(|s| s.name == "stats-child")
+        .unwrap();
+    assert_eq!((c.bytes, c.peak_bytes), (0, 100), "the peak stays");
+    drop(b);
+}
+
+/// `(kind, space)` of this thread's events, in order.
+fn my_events() -> Vec<(EventKind, Space, u64)> {
+    let me = trace::thread_id();
+    trace::events()
+        .into_iter()
+        .filter(|e| e.thread == me)
+        .map(|e| (e.kind, e.space, e.bytes))
+        .collect()
+}
+
+#[test]
+fn the_trace_of_a_scripted_workload_has_exactly_the_expected_events() {
+    let _lock = trace_lock();
+    let source = own_source(4 << 20);
+    let config = WorkspaceConfig::builder().source(source).build().unwrap();
+    let ws = workspaces();
+    trace::start(1024);
+    let block = source.pool().allocate(1000, 64).unwrap();
+    drop(block);
+    {
+        let g = ws.get_and_activate(&config, "TRACED").unwrap();
+        g.alloc(Layout::from_size_align(256, 16).unwrap()).unwrap(); // spills: no buffer yet
+    } // the spill is freed, the buffer learned
+    let size = ws.workspace("TRACED").unwrap().size as u64;
+    {
+        let g = ws.get_and_activate(&config, "TRACED").unwrap();
+        g.alloc(Layout::from_size_align(256, 16).unwrap()).unwrap(); // a bump
+    }
+    ws.destroy("TRACED").unwrap();
+    trace::stop();
+    use EventKind::*;
+    use Space::*;
+    assert_eq!(
+        my_events(),
+        vec![
+            (Alloc, Pool, 1024),
+            (Free, Pool, 1024),
+            (Alloc, Pool, 256),
+            (Spill, Workspace, 256),
+            (Free, Pool, 256),
+            (Alloc, Pool, size),
+            (CycleEnd, Workspace, 256),
+            (Learn, Workspace, size),
+            (Alloc, Workspace, 256),
+            (CycleEnd, Workspace, 256),
+            (Free, Pool, size),
+        ]
+    );
+    let json = trace::to_json();
+    assert!(json.starts_with("{\"format\":\"ndmem-trace\""), "{json}");
+    assert!(json.contains("\"name\":\"TRACED\""), "{json}");
+}
+
+#[test]
+fn the_ring_never_grows_past_its_bound_and_recording_allocates_nothing() {
+    let _lock = trace_lock();
+    trace::start(8);
+    let name = trace::intern(Space::Scope, "bounded");
+    let before = common::counting::heap_allocations_of_this_thread();
+    for i in 0..100 {
+        trace::record(EventKind::Alloc, Space::Scope, name, i, i);
+    }
+    let allocations = common::counting::heap_allocations_of_this_thread() - before;
+    trace::stop();
+    assert_eq!(allocations, 0, "recording allocated");
+    let events = trace::events();
+    assert_eq!(trace::capacity(), 8);
+    assert!(events.len() <= 8, "{} events", events.len());
+    let me = trace::thread_id();
+    let mine: Vec<u64> = events
+        .iter()
+        .filter(|e| e.thread == me)
+        .map(|e| e.bytes)
+        .collect();
+    assert_eq!(mine, (92..100).collect::<Vec<_>>(), "the newest eight");
+    assert!(trace::dropped() >= 92);
+    // Off: nothing more is recorded.
+    trace::record(EventKind::Alloc, Space::Scope, name, 1, 1);
+    assert_eq!(trace::events().len(), events.len());
+}
+
+#[test]
+fn ndmem_trace_writes_the_timeline_at_exit() {
+    let path = std::env::temp_dir().join(format!("ndmem-trace-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let test = common::test_name!(traced_child);
+    common::child::Rerun::test(test)
+        .env("NDMEM_TRACE", &path)
+        .passes();
+    let json = std::fs::read_to_string(&path).expect("the trace file is written at exit");
+    let _ = std::fs::remove_file(&path);
+    assert!(json.contains("\"format\":\"ndmem-trace\""), "{json}");
+    assert!(json.contains("\"kind\":\"alloc\""), "{json}");
+    assert!(json.contains("\"name\":\"global pool\""), "{json}");
+}
+
+/// Runs in the child of [`ndmem_trace_writes_the_timeline_at_exit`].
+#[test]
+#[ignore = "run by ndmem_trace_writes_the_timeline_at_exit"]
+fn traced_child() {
+    let block = Pool::global().allocate(4096, 64).unwrap();
+    assert!(
+        trace::is_on(),
+        "NDMEM_TRACE starts the recorder with the global pool"
+    );
+    drop(block);
+}
+
+#[test]
+fn an_invalid_ndmem_trace_is_a_clear_error() {
+    let test = common::test_name!(invalid_trace_child);
+    common::child::Rerun::test(test)
+        .env("NDMEM_TRACE", std::env::temp_dir())
+        .passes();
+}
+
+/// Runs in the child of [`an_invalid_ndmem_trace_is_a_clear_error`].
+#[test]
+#[ignore = "run by an_invalid_ndmem_trace_is_a_clear_error"]
+fn invalid_trace_child() {
+    let err = trace::env_error().expect("a directory is not a trace file");
+    let text = err.to_string();
+    assert!(text.starts_with("NDMEM_TRACE: "), "{text}");
+    assert!(text.contains("is a directory"), "{text}");
+    assert!(trace::init_from_env().is_err());
+    assert!(!trace::is_on());
+}
+
+#[test]
+fn an_oom_report_names_the_holders_and_the_knob() {
+    static HOOKED: AtomicUsize = AtomicUsize::new(0);
+    static NAMED: AtomicUsize = AtomicUsize::new(0);
+    stats::on_oom(|report| {
+        HOOKED.fetch_add(1, Ordering::Relaxed);
+        if report.to_string().contains("OOM_WS") {
+            NAMED.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let source = own_source(512 << 10);
+    stats::register("oom pool", source);
+    let config = WorkspaceConfig::builder()
+        .initial_size(200 << 10)
+        .source(source)
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    drop(ws.get_and_activate(&config, "OOM_WS").unwrap());
+    let scope = Scope::new_base_in("oom-scope", source);
+    let _held = scope.zeros(DType::U8, &[100 << 10]).unwrap();
+    let err = scope.zeros(DType::U8, &[300 << 10]).unwrap_err();
+    let Error::OutOfMemory { report } = &err else {
+        panic!("expected OutOfMemory, got {err:?}");
+    };
+    assert!(matches!(
+        err.alloc_error(),
+        Some(AllocError::OutOfMemory { .. })
+    ));
+    let kinds: Vec<_> = report
+        .holders
+        .iter()
+        .map(|h| (h.kind, h.name.clone()))
+        .collect();
+    let ws_holder = report
+        .holders
+        .iter()
+        .find(|h| h.kind == HolderKind::Workspace && h.name.starts_with("[OOM_WS]"))
+        .unwrap_or_else(|| panic!("{kinds:?}"));
+    assert!(ws_holder.bytes >= 200 << 10);
+    let scope_holder = report
+        .holders
+        .iter()
+        .find(|h| h.kind == HolderKind::Scope && h.name == "[oom-scope]")
+        .unwrap_or_else(|| panic!("{kinds:?}"));
+    assert_eq!(scope_holder.bytes, 100 << 10);
+    assert!(
+        report.fragmentation_bytes >= ws_holder.bytes,
+        "an idle buffer"
+    );
+    let text = err.to_string();
+    assert!(
+        text.starts_with("Can't allocate [HOST] memory: 307200 bytes"),
+        "{text}"
+    );
+    assert!(text.contains("largest holders:"), "{text}");
+    assert!(text.contains("Limits::builder().max_bytes"), "{text}");
+    assert!(!text.contains("raise NDMEM_MAX_BYTES"), "{text}");
+    assert!(text.contains("destroy workspace [OOM_WS]"), "{text}");
+    assert!(text.contains("close scope [oom-scope]"), "{text}");
+    assert!(HOOKED.load(Ordering::Relaxed) >= 1, "the hook ran");
+    assert!(
+        NAMED.load(Ordering::Relaxed) >= 1,
+        "the hook saw the holders"
+    );
+    let snap = stats::snapshot();
+    let pool = snap.pools.iter().find(|p| p.name == "oom pool").unwrap();
+    assert_eq!(pool.counters.num_ooms, 1);
+    ws.destroy("OOM_WS").unwrap();
+}
+
+#[test]
+fn statistics_print_in_a_few_readable_lines() {
+    let source = own_source(1 << 20);
+    let block = source.pool().allocate(4096, 64).unwrap();
+    let text = source.pool().stats().to_string();
+    assert!(
+        text.starts_with("pool: used 4.00 KiB of 1.00 MiB (live 4.00 KiB"),
+        "{text}"
+    );
+    assert!(text.lines().count() <= 5, "{text}");
+    let heap = ndmem::alloc::heap::stats().to_string();
+    assert!(heap.starts_with("heap: live "), "{heap}");
+    let snap = stats::snapshot_of(&[source]);
+    let counters = snap.pools[0].counters.to_string();
+    assert!(
+        counters.starts_with("live 4.00 KiB (peak 4.00 KiB"),
+        "{counters}"
+    );
+    assert!(stats::memory_summary().contains("pool [global] live"));
+    drop(block);
+}
