@@ -73,6 +73,9 @@ pub fn check() -> Result<Environment, Failure> {
         return Err(Failure::config(error.to_string()));
     }
     let limits = Limits::from_env().map_err(|e| Failure::config(e.to_string()))?;
+    if let Some(error) = ndmem::trace::env_error() {
+        return Err(Failure::config(error.to_string()));
+    }
     let workspaces = match std::env::var(ENV_WORKSPACES) {
         Ok(value) => WorkspaceDebug::parse(Some(&value)),
         Err(std::env::VarError::NotPresent) => Ok(WorkspaceDebug::Normal),

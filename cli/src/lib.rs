@@ -10,7 +10,8 @@
 //!
 //! Modules: [`args`] (the command line), [`env`](mod@env) (the `NDMEM_*` variables), [`data`]
 //! (Iris), [`model`] (the MLP), [`modes`] (where a step's tensors live), [`train`] (runs
-//! and measures), [`report`] (JSON and table), [`chart`] (SVG), [`limits`] (the `limits`
+//! and measures), [`report`] (JSON and table), [`chart`] (SVG), [`timeline`] (a trace file
+//! and its SVG), [`limits`] (the `limits`
 //! subcommand), [`paths`] (output files checked before work), [`out`] (stdout that a
 //! closed pipe cannot break).
 
@@ -25,6 +26,7 @@ pub mod model;
 pub mod modes;
 pub mod paths;
 pub mod report;
+pub mod timeline;
 pub mod train;
 
 use std::process::ExitCode;
@@ -111,6 +113,15 @@ fn fail(failure: Failure) -> ExitCode {
 /// (never over the JSON it reads).
 fn render_report(args: &args::ReportArgs) -> Result<(), Failure> {
     paths::check_report_paths(&args.json, &args.output).map_err(Failure::config)?;
+    // A timeline file (NDMEM_TRACE, ndmem::trace::dump) is told by its content.
+    let text = std::fs::read_to_string(&args.json).unwrap_or_default();
+    if timeline::is_trace(&text) {
+        let trace = timeline::Trace::parse(&text, &args.json).map_err(Failure::config)?;
+        outln!("{}", trace.summary().trim_end());
+        timeline::write(&trace, &args.output).map_err(Failure::runtime)?;
+        outln!("wrote {}", args.output.display());
+        return Ok(());
+    }
     let report = report::Report::read_json(&args.json).map_err(Failure::config)?;
     outln!("{}", report.table().trim_end());
     outln!("{}", report.agreement().verdict());
