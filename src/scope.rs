@@ -179,9 +179,43 @@ impl Scope {
         self.owner.close()
     }
 
-    /// The tree under this scope: names, tensor counts and bytes per scope.
+    /// The tree under this scope: names, tensor counts and bytes per scope, one line each
+    /// (`scope [batch]: 2 tensors, 96 bytes`, then borrowed tensors, `capped`, `closed`).
+    /// The figures are those of `stats::snapshot` (semantics §7).
     pub fn debug_dump(&self) -> String {
-        self.owner.dump()
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for f in self.owner.walk() {
+            let _ = write!(
+                out,
+                "{:indent$}{} [{}]: {} tensors, {} bytes",
+                "",
+                if f.depth == 0 && f.root {
+                    "root"
+                } else {
+                    "scope"
+                },
+                f.name,
+                f.tensors,
+                f.bytes,
+                indent = f.depth * 2
+            );
+            if f.borrowed != 0 {
+                let _ = write!(
+                    out,
+                    " (+{} borrowed, {} bytes)",
+                    f.borrowed, f.borrowed_bytes
+                );
+            }
+            if f.capped {
+                out.push_str(" capped");
+            }
+            if f.closed {
+                out.push_str(" closed");
+            }
+            out.push('\n');
+        }
+        out
     }
 }
 

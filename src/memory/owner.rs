@@ -15,7 +15,7 @@
 
 #![allow(unsafe_code)]
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
@@ -568,57 +568,6 @@ impl Owner {
             .filter(|h| h.0.is_live())
             .map(|h| h.0.len())
             .sum()
-    }
-
-    /// The tree under this owner: names, counts and bytes, one line per owner.
-    pub(crate) fn dump(&self) -> String {
-        let mut out = String::new();
-        self.dump_into(0, &mut out);
-        out
-    }
-
-    fn dump_into(&self, depth: usize, out: &mut String) {
-        let inner = lock(&self.inner);
-        let live = |h: &&Held| h.0.is_live();
-        let owned = inner.owned.iter().filter(live).count();
-        let owned_bytes: usize = inner.owned.iter().filter(live).map(|h| h.0.len()).sum();
-        let borrowed = inner.borrowed.iter().filter(|(h, _)| h.0.is_live()).count();
-        let borrowed_bytes: usize = inner
-            .borrowed
-            .iter()
-            .filter(|(h, _)| h.0.is_live())
-            .map(|(h, _)| h.0.len())
-            .sum();
-        let flags = self.flags.load(Ordering::Acquire);
-        let _ = write!(
-            out,
-            "{:indent$}{} [{}]: {} tensors, {} bytes",
-            "",
-            if depth == 0 && self.parent.is_none() {
-                "root"
-            } else {
-                "scope"
-            },
-            self.name,
-            owned,
-            owned_bytes,
-            indent = depth * 2
-        );
-        if borrowed != 0 {
-            let _ = write!(out, " (+{borrowed} borrowed, {borrowed_bytes} bytes)");
-        }
-        if flags & CAPPED != 0 {
-            out.push_str(" capped");
-        }
-        if flags & CLOSED != 0 {
-            out.push_str(" closed");
-        }
-        out.push('\n');
-        let children: Vec<_> = inner.children.iter().filter_map(Weak::upgrade).collect();
-        drop(inner);
-        for child in children {
-            child.dump_into(depth + 1, out);
-        }
     }
 }
 
