@@ -126,12 +126,12 @@ impl Trace {
         let mut lines: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
         for e in &self.events {
             let point = (e.time_ns as f64 / 1e6, e.value as f64 / 1024.0);
-            let budget = match (e.space.as_str(), e.kind.as_str()) {
-                ("pool", "alloc" | "free" | "oom") => true,
-                ("workspace", "cycle_end" | "learn" | "reallocate") => true,
-                ("device", _) => true,
-                _ => false,
-            };
+            let budget = matches!(
+                (e.space.as_str(), e.kind.as_str()),
+                ("pool", "alloc" | "free" | "oom")
+                    | ("workspace", "cycle_end" | "learn" | "reallocate")
+                    | ("device", _)
+            );
             if budget {
                 lines.entry(self.label(e)).or_default().push(point);
             }

@@ -97,7 +97,7 @@ fn build(error: AllocError) -> OomReport {
             detail: "deferred frees waiting for the epoch".into(),
         });
     }
-    holders.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    holders.sort_by_key(|h| std::cmp::Reverse(h.bytes));
     holders.truncate(8);
 
     let mut advice = vec![limit_advice(&error, pool)];
