@@ -21,6 +21,8 @@
 //! 4. **Homes and owners** (internal): where a tensor's bytes live, and who owns them.
 //! 5. **Tensors** ([`Tensor`]): n-dimensional arrays, `Send` and `Sync`, checked on every use.
 //! 6. **Scopes** ([`Scope`]): ownership trees in the style of DJL's `NDManager`.
+//! 7. **Statistics** ([`stats`]): one snapshot of every figure (with PyTorch's key names),
+//!    the memory summary, the timeline recorder ([`trace`]) and the out-of-memory report.
 //!
 //! Without a workspace or a scope, a tensor's memory is a pool block owned by its handles:
 //!
@@ -232,6 +234,11 @@
 //! let _from_env = Limits::from_env()?; // what the global pool uses
 //! # Ok::<(), ndmem::Error>(())
 //! ```
+//!
+//! A refusal at the pool's limit is [`Error::OutOfMemory`], whose report names the largest
+//! holders and the knob to turn; [`stats::snapshot`], [`stats::memory_summary`] and
+//! `NDMEM_TRACE=trace.json` (a timeline written at exit, drawn by `ndmem report`) show
+//! where memory went before it came to that.
 //!
 //! The heap is counted once [`alloc::Tracking`] is the program's global allocator:
 //!

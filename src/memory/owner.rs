@@ -627,6 +627,8 @@ pub(crate) struct ScopeFigures {
     pub(crate) borrowed_bytes: usize,
     pub(crate) capped: bool,
     pub(crate) closed: bool,
+    /// Where the owner's new memory comes from.
+    pub(crate) source: MemorySource,
 }
 
 impl Owner {
@@ -654,6 +656,7 @@ impl Owner {
             borrowed_bytes: borrowed.map(|(h, _)| h.0.len()).sum(),
             capped: flags & CAPPED != 0,
             closed: flags & CLOSED != 0,
+            source: self.source,
         });
         let children: Vec<_> = inner.children.iter().filter_map(Weak::upgrade).collect();
         drop(inner);

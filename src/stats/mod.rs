@@ -341,7 +341,12 @@ fn take(pools: Vec<(String, &'static Pool)>) -> Snapshot {
 }
 
 /// The scope tree from the root, with observed peaks updated.
-pub(crate) fn scopes() -> Vec<ScopeSnapshot> {
+fn scopes() -> Vec<ScopeSnapshot> {
+    scopes_with_source().into_iter().map(|(s, _)| s).collect()
+}
+
+/// [`scopes`] with each scope's memory source.
+pub(crate) fn scopes_with_source() -> Vec<(ScopeSnapshot, MemorySource)> {
     let figures = Owner::root().walk();
     let mut peaks = SCOPE_PEAKS.lock().unwrap_or_else(PoisonError::into_inner);
     let peaks = peaks.get_or_insert_with(HashMap::new);
@@ -350,7 +355,7 @@ pub(crate) fn scopes() -> Vec<ScopeSnapshot> {
         .map(|f| {
             let peak = peaks.entry(f.id).or_insert(0);
             *peak = (*peak).max(f.bytes);
-            ScopeSnapshot {
+            let scope = ScopeSnapshot {
                 name: f.name,
                 depth: f.depth,
                 tensors: f.tensors,
@@ -360,7 +365,8 @@ pub(crate) fn scopes() -> Vec<ScopeSnapshot> {
                 borrowed_bytes: f.borrowed_bytes,
                 capped: f.capped,
                 closed: f.closed,
-            }
+            };
+            (scope, f.source)
         })
         .collect();
     out

@@ -15,12 +15,15 @@ use ndmem_alloc::{
     ENV_MAX_DEVICE_BYTES,
 };
 
-use super::{scopes, trace};
+use super::{scopes_with_source, trace, ScopeSnapshot};
 use crate::error::{Error, Holder, HolderKind, OomReport};
-use crate::workspace::all_workspaces;
+use crate::memory::MemorySource;
+use crate::workspace::{all_workspaces_with_source, WorkspaceStats};
 
 impl OomReport {
-    /// The report for `error` as things stand now.
+    /// The report for `error` as things stand now; the holders are those of the pool
+    /// that last refused an allocation on this thread, when it can be told (all of them
+    /// otherwise).
     pub fn new(error: AllocError) -> OomReport {
         build(error)
     }
@@ -40,10 +43,15 @@ impl From<AllocError> for Error {
 }
 
 fn build(error: AllocError) -> OomReport {
+    let workspaces = all_workspaces_with_source();
+    let scopes = scopes_with_source();
+    let pool = refusing_pool(&error, &workspaces, &scopes);
+    // Holders of the refusing pool only, when it is known.
+    let of_pool = |source: &MemorySource| pool.map_or(true, |p| std::ptr::eq(source.pool(), p));
     let mut holders = Vec::new();
     let mut idle_buffers = 0;
     let mut best_idle: Option<(String, usize)> = None;
-    for (thread, w) in all_workspaces() {
+    for (thread, w, _) in workspaces.iter().filter(|(_, _, s)| of_pool(s)) {
         let held = w.size + w.spilled_bytes + w.pinned_bytes;
         idle_buffers += w.size.saturating_sub(w.used);
         if !w.open && held > best_idle.as_ref().map_or(0, |b| b.1) {
@@ -65,7 +73,7 @@ fn build(error: AllocError) -> OomReport {
         }
     }
     let mut best_scope: Option<(String, usize, usize)> = None;
-    for s in scopes() {
+    for (s, _) in scopes.iter().filter(|(_, source)| of_pool(source)) {
         if s.bytes > 0 {
             if !s.closed && s.depth > 0 && s.bytes > best_scope.as_ref().map_or(0, |b| b.1) {
                 best_scope = Some((s.name.clone(), s.bytes, s.tensors));
@@ -78,7 +86,6 @@ fn build(error: AllocError) -> OomReport {
             });
         }
     }
-    let pool = refusing_pool(&error);
     let cached = pool.map_or(0, |p| p.stats().cached_bytes);
     if cached > 0 {
         holders.push(Holder {
@@ -134,20 +141,30 @@ fn build(error: AllocError) -> OomReport {
 }
 
 /// The pool that refused, when it can be told: the global pool when the error names its
-/// variable.
-fn refusing_pool(error: &AllocError) -> Option<&'static Pool> {
-    let global = Pool::global();
+/// variable, else the pool that last refused on this thread, found among the registered
+/// pools and the sources of the workspaces and scopes.
+fn refusing_pool(
+    error: &AllocError,
+    workspaces: &[(String, WorkspaceStats, MemorySource)],
+    scopes: &[(ScopeSnapshot, MemorySource)],
+) -> Option<&'static Pool> {
     if let AllocError::OutOfMemory { variable, .. } = error {
         if *variable == ENV_MAX_BYTES {
-            return Some(global);
+            return Some(Pool::global());
         }
     }
     let address = trace::last_refused_pool();
-    super::REGISTERED
+    let registered: Vec<MemorySource> = super::REGISTERED
         .read()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
-        .map(|(_, s)| s.pool())
+        .map(|(_, s)| *s)
+        .collect();
+    registered
+        .into_iter()
+        .chain(workspaces.iter().map(|(_, _, s)| *s))
+        .chain(scopes.iter().map(|(_, s)| *s))
+        .map(|s| s.pool())
         .find(|p| *p as *const Pool as usize == address)
 }
 

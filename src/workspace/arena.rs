@@ -577,4 +577,9 @@ impl Arena {
     pub(crate) fn trace_name(&self) -> NameId {
         self.trace_name
     }
+
+    /// The memory source the workspace draws from.
+    pub(crate) fn source(&self) -> crate::memory::MemorySource {
+        self.settings.config.source()
+    }
 }

@@ -28,6 +28,7 @@ use super::config::{debug_mode, WorkspaceConfig};
 use super::stamp::WorkspaceMemory;
 use super::stats::{Figures, Published, WorkspaceStats};
 use crate::error::Error;
+use crate::memory::MemorySource;
 
 /// What one thread knows about its workspaces.
 struct Manager {
@@ -65,7 +66,7 @@ impl Manager {
 
     /// Adds `arena` to this thread's list and to the registry.
     fn add(&self, arena: &Rc<Arena>) {
-        let published = Arc::new(Published::new(arena.id()));
+        let published = Arc::new(Published::new(arena.id(), arena.source()));
         published.store(&arena.figures());
         lock_registry().push(Arc::clone(&published));
         self.workspaces.borrow_mut().push(Rc::clone(arena));
@@ -137,6 +138,14 @@ fn lock_registry() -> std::sync::MutexGuard<'static, Vec<Arc<Published>>> {
 /// are exact; another thread's are those it published when it last entered or left one of
 /// its workspaces (so `used` and `spilled_bytes` of a cycle running there lag).
 pub fn all_workspaces() -> Vec<(String, WorkspaceStats)> {
+    all_workspaces_with_source()
+        .into_iter()
+        .map(|(thread, stats, _)| (thread, stats))
+        .collect()
+}
+
+/// [`all_workspaces`] with each workspace's memory source.
+pub(crate) fn all_workspaces_with_source() -> Vec<(String, WorkspaceStats, MemorySource)> {
     let _ = MANAGER.try_with(|m| {
         if let Ok(list) = m.workspaces.try_borrow() {
             for arena in list.iter() {
@@ -146,7 +155,7 @@ pub fn all_workspaces() -> Vec<(String, WorkspaceStats)> {
     });
     lock_registry()
         .iter()
-        .map(|p| (p.thread().to_string(), p.load()))
+        .map(|p| (p.thread().to_string(), p.load(), p.source()))
         .collect()
 }
 

@@ -46,6 +46,7 @@ pub use config::{
     AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy, SpillPolicy,
     WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
 };
+pub(crate) use manager::all_workspaces_with_source;
 pub use manager::{
     all_workspaces, allocate_in, allocate_in_current, allocate_in_parent, parent_of_current,
     workspaces, ScopeOut, WorkspaceGuard, Workspaces,

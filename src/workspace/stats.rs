@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndmem_alloc::ByteSize;
 
+use crate::memory::MemorySource;
+
 /// Figures of one workspace (semantics §2.5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -107,11 +109,13 @@ impl Figures {
 pub(crate) struct Published {
     id: String,
     thread: String,
+    /// The workspace's memory source.
+    source: MemorySource,
     words: [AtomicU64; 11],
 }
 
 impl Published {
-    pub(crate) fn new(id: &str) -> Published {
+    pub(crate) fn new(id: &str, source: MemorySource) -> Published {
         let current = std::thread::current();
         let thread = match current.name() {
             Some(name) => format!("{name} ({:?})", current.id()),
@@ -120,6 +124,7 @@ impl Published {
         Published {
             id: id.to_string(),
             thread,
+            source,
             words: Default::default(),
         }
     }
@@ -127,6 +132,11 @@ impl Published {
     /// The thread that owns the workspace, as `name (ThreadId(n))`.
     pub(crate) fn thread(&self) -> &str {
         &self.thread
+    }
+
+    /// The workspace's memory source.
+    pub(crate) fn source(&self) -> MemorySource {
+        self.source
     }
 
     /// Publishes `f` (relaxed: a reader may see one publication's figures mixed with the

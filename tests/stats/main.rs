@@ -379,6 +379,13 @@ fn an_oom_report_names_the_holders_and_the_knob() {
         .unwrap();
     let ws = workspaces();
     drop(ws.get_and_activate(&config, "OOM_WS").unwrap());
+    // A workspace of another pool holds nothing of this one: it is not named.
+    let elsewhere = config
+        .to_builder()
+        .source(own_source(1 << 20))
+        .build()
+        .unwrap();
+    drop(ws.get_and_activate(&elsewhere, "OOM_ELSEWHERE").unwrap());
     let scope = Scope::new_base_in("oom-scope", source);
     let _held = scope.zeros(DType::U8, &[100 << 10]).unwrap();
     let err = scope.zeros(DType::U8, &[300 << 10]).unwrap_err();
@@ -410,6 +417,13 @@ fn an_oom_report_names_the_holders_and_the_knob() {
         report.fragmentation_bytes >= ws_holder.bytes,
         "an idle buffer"
     );
+    assert!(
+        report
+            .holders
+            .iter()
+            .all(|h| !h.name.contains("OOM_ELSEWHERE")),
+        "{kinds:?}"
+    );
     let text = err.to_string();
     assert!(
         text.starts_with("Can't allocate [HOST] memory: 307200 bytes"),
@@ -429,6 +443,7 @@ fn an_oom_report_names_the_holders_and_the_knob() {
     let pool = snap.pools.iter().find(|p| p.name == "oom pool").unwrap();
     assert_eq!(pool.counters.num_ooms, 1);
     ws.destroy("OOM_WS").unwrap();
+    ws.destroy("OOM_ELSEWHERE").unwrap();
 }
 
 #[test]
@@ -451,4 +466,12 @@ fn statistics_print_in_a_few_readable_lines() {
     );
     assert!(stats::memory_summary().contains("pool [global] live"));
     drop(block);
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn the_snapshot_and_the_report_serialize() {
+    fn is_serialize<T: serde::Serialize>(_: &T) {}
+    is_serialize(&stats::snapshot());
+    is_serialize(&trace::events());
 }
