@@ -308,13 +308,13 @@ fn record_on(kind: EventKind, space: Space, name: NameId, bytes: u64, value: u64
     let generation = GENERATION.load(Ordering::Acquire);
     let Ok((ring, thread)) = LOCAL.try_with(|local| {
         let (seen, mut ring, mut thread) = local.get();
-        if thread == 0 {
-            thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-        }
-        if seen != generation || ring.is_none() {
+        if seen != generation || ring.is_none() || thread == 0 {
+            if thread == 0 {
+                thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+            }
             ring = *RING.lock().unwrap_or_else(PoisonError::into_inner);
+            local.set((generation, ring, thread));
         }
-        local.set((generation, ring, thread));
         (ring, thread)
     }) else {
         return;
@@ -353,14 +353,42 @@ pub fn record_pool(kind: EventKind, pool: usize, bytes: usize, held: usize) {
     }
 }
 
-/// The name id of the pool at `address`, interned on first sight.
+/// Pools the lock-free table below names; later ones share the last name.
+const POOL_SLOTS: usize = 64;
+/// Addresses of the pools seen, in order (0: free); `POOL_IDS[i]` names `POOL_ADDRESSES[i]`.
+static POOL_ADDRESSES: [AtomicUsize; POOL_SLOTS] = [const { AtomicUsize::new(0) }; POOL_SLOTS];
+static POOL_IDS: [AtomicU32; POOL_SLOTS] = [const { AtomicU32::new(0) }; POOL_SLOTS];
+
+/// The name id of the pool at `address`: a scan of a few atomics once the pool was seen
+/// (no lock), interned under the lock on first sight.
+#[inline]
 fn pool_name(address: usize) -> NameId {
+    for (slot, id) in POOL_ADDRESSES.iter().zip(&POOL_IDS) {
+        match slot.load(Ordering::Acquire) {
+            0 => break,
+            a if a == address => return NameId(id.load(Ordering::Relaxed)),
+            _ => {}
+        }
+    }
+    new_pool_name(address)
+}
+
+#[cold]
+fn new_pool_name(address: usize) -> NameId {
     let mut pools = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some((_, id)) = pools.iter().find(|(a, _)| *a == address) {
         return *id;
     }
     let id = intern(Space::Pool, &format!("pool #{}", pools.len() + 1));
     pools.push((address, id));
+    if let Some(i) = POOL_ADDRESSES
+        .iter()
+        .position(|slot| slot.load(Ordering::Relaxed) == 0)
+    {
+        // The id first, published by the address's release store.
+        POOL_IDS[i].store(id.0, Ordering::Relaxed);
+        POOL_ADDRESSES[i].store(address, Ordering::Release);
+    }
     id
 }
 
