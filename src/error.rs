@@ -255,7 +255,25 @@ pub struct OomReport {
 impl fmt::Display for OomReport {
     /// The pool's message, then the holders, the fragmentation figure and the advice.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.error)?;
+        match &self.error {
+            // The pool's opening (semantics §1); its one-size-fits-all hint gives way to
+            // the advice below, which names the knob that applies.
+            AllocError::OutOfMemory {
+                kind,
+                requested,
+                thread,
+                used,
+                limit,
+                holders,
+                ..
+            } => write!(
+                f,
+                "Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; off-heap {} of {} limit in use ({holders})",
+                ByteSize(*used),
+                ByteSize(*limit)
+            )?,
+            other => write!(f, "{other}")?,
+        }
         if !self.holders.is_empty() {
             f.write_str("\nlargest holders:")?;
             for h in &self.holders {
@@ -267,6 +285,9 @@ impl fmt::Display for OomReport {
             "\nheld for reuse but unusable for this request: {}",
             ByteSize(self.fragmentation_bytes)
         )?;
+        if !self.advice.is_empty() {
+            f.write_str("\nwhat to do:")?;
+        }
         for a in &self.advice {
             write!(f, "\n  - {a}")?;
         }

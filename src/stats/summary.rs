@@ -191,7 +191,7 @@ impl fmt::Display for Snapshot {
             )?;
             row(
                 f,
-                &format!("pool [{}] held (live+cached)", pool.name),
+                &format!("pool [{}] live+cached", pool.name),
                 [
                     bytes(c.reserved.current),
                     c.reserved.peak.map_or_else(|| "-".into(), bytes),
@@ -226,7 +226,7 @@ impl fmt::Display for Snapshot {
         line(
             f,
             &format!(
-                "{:<24} {:>10} {:>10} {:>10} {:>10} {:>8}",
+                "{:<30} {:>9} {:>9} {:>9} {:>9} {:>6}",
                 "workspace (thread)", "size", "used", "max cycle", "spilled", "cycles"
             ),
         )?;
@@ -238,8 +238,8 @@ impl fmt::Display for Snapshot {
             line(
                 f,
                 &format!(
-                    "{:<24} {:>10} {:>10} {:>10} {:>10} {:>8}",
-                    fit(&format!("[{}] {}", s.id, w.thread), 24),
+                    "{:<30} {:>9} {:>9} {:>9} {:>9} {:>6}",
+                    fit(&format!("[{}] {}", s.id, w.thread), 30),
                     ByteSize(s.size).to_string(),
                     ByteSize(s.used).to_string(),
                     ByteSize(s.max_cycle).to_string(),
