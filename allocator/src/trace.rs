@@ -143,6 +143,23 @@ pub struct Event {
     pub value: u64,
 }
 
+impl std::fmt::Display for Event {
+    /// `12.345678 ms alloc pool [global pool] 4.00 KiB -> 8.00 KiB (thread 1)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.6} ms {} {} [{}] {} -> {} (thread {})",
+            self.time_ns as f64 / 1e6,
+            self.kind.as_str(),
+            self.space.as_str(),
+            name(self.name),
+            crate::ByteSize(self.bytes as usize),
+            crate::ByteSize(self.value as usize),
+            self.thread
+        )
+    }
+}
+
 static ON: AtomicBool = AtomicBool::new(false);
 /// Bumped whenever [`start`] installs a ring, so threads refresh their cached reference.
 static GENERATION: AtomicU64 = AtomicU64::new(0);

@@ -350,6 +350,8 @@ pub(crate) fn scopes_with_source() -> Vec<(ScopeSnapshot, MemorySource)> {
     let figures = Owner::root().walk();
     let mut peaks = SCOPE_PEAKS.lock().unwrap_or_else(PoisonError::into_inner);
     let peaks = peaks.get_or_insert_with(HashMap::new);
+    // Closed scopes leave the tree; their peaks go with them.
+    peaks.retain(|id, _| figures.iter().any(|f| f.id == *id));
     let out = figures
         .into_iter()
         .map(|f| {
@@ -382,22 +384,27 @@ pub fn reset_peak() {
     for (_, pool) in default_pools() {
         pool.reset_peak();
     }
-    reset_scope_peaks();
+    reset_scope_peaks(|_| true);
 }
 
-/// [`reset_peak`] for the pools of `sources` instead of the global and registered ones.
+/// [`reset_peak`] for the pools of `sources` and the scopes drawing from them, instead
+/// of the global and registered pools and every scope.
 pub fn reset_peak_of(sources: &[MemorySource]) {
     heap::reset_peak();
     for source in sources {
         source.pool().reset_peak();
     }
-    reset_scope_peaks();
+    reset_scope_peaks(|s| sources.contains(&s));
 }
 
-fn reset_scope_peaks() {
+/// Restarts the observed peak of every scope whose source passes `which`.
+fn reset_scope_peaks(which: impl Fn(MemorySource) -> bool) {
     let figures = Owner::root().walk();
     let mut peaks = SCOPE_PEAKS.lock().unwrap_or_else(PoisonError::into_inner);
-    *peaks = Some(figures.into_iter().map(|f| (f.id, f.bytes)).collect());
+    let peaks = peaks.get_or_insert_with(HashMap::new);
+    for f in figures.into_iter().filter(|f| which(f.source)) {
+        peaks.insert(f.id, f.bytes);
+    }
 }
 
 /// The whole snapshot as one table (see [`Snapshot`]'s `Display`).

@@ -229,6 +229,14 @@ fn scopes_report_bytes_counts_and_their_observed_peak() {
         .find(|s| s.name == "stats-child")
         .unwrap();
     assert_eq!((c.bytes, c.peak_bytes), (0, 100), "the peak stays");
+    stats::reset_peak_of(&[source]);
+    let reset = stats::snapshot_of(&[source]);
+    let c = reset
+        .scopes
+        .iter()
+        .find(|s| s.name == "stats-child")
+        .unwrap();
+    assert_eq!(c.peak_bytes, 0, "reset to the bytes now");
     drop(b);
 }
 
@@ -280,6 +288,11 @@ fn the_trace_of_a_scripted_workload_has_exactly_the_expected_events() {
             (Free, Pool, size),
         ]
     );
+    let first = trace::events()
+        .into_iter()
+        .find(|e| e.thread == trace::thread_id());
+    let line = first.unwrap().to_string();
+    assert!(line.contains(" ms alloc pool [pool #"), "{line}");
     let json = trace::to_json();
     assert!(json.starts_with("{\"format\":\"ndmem-trace\""), "{json}");
     assert!(json.contains("\"name\":\"TRACED\""), "{json}");
