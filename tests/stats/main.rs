@@ -378,6 +378,10 @@ fn an_oom_report_names_the_holders_and_the_knob() {
     static HOOKED: AtomicUsize = AtomicUsize::new(0);
     static NAMED: AtomicUsize = AtomicUsize::new(0);
     stats::on_oom(|report| {
+        // What an OOM observer does: dump the snapshot and the timeline, from inside the
+        // refused allocation.
+        assert!(!stats::snapshot().pools.is_empty());
+        assert!(trace::to_json().contains("ndmem-trace"));
         HOOKED.fetch_add(1, Ordering::Relaxed);
         if report.to_string().contains("OOM_WS") {
             NAMED.fetch_add(1, Ordering::Relaxed);
