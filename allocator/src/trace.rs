@@ -186,7 +186,10 @@ struct Slot {
 }
 
 struct Ring {
+    /// A power of two of slots.
     slots: Box<[Slot]>,
+    /// `slots.len() - 1`: a sequence number's slot is `seq & mask`.
+    mask: u64,
     head: AtomicU64,
     /// The clock's tick and the instant when the ring was (re)started.
     base_tick: AtomicU64,
@@ -197,6 +200,7 @@ impl Ring {
     fn new(capacity: usize) -> Ring {
         Ring {
             slots: (0..capacity).map(|_| Slot::default()).collect(),
+            mask: capacity as u64 - 1,
             head: AtomicU64::new(0),
             base_tick: AtomicU64::new(ticks()),
             base: Mutex::new(Instant::now()),
@@ -220,7 +224,7 @@ impl Ring {
     fn push(&self, meta: u64, bytes: u64, value: u64) {
         let time = ticks();
         let seq = self.head.fetch_add(1, Ordering::Relaxed);
-        let slot = &self.slots[(seq % self.slots.len() as u64) as usize];
+        let slot = &self.slots[(seq & self.mask) as usize];
         slot.seq.store(2 * seq + 1, Ordering::Relaxed);
         fence(Ordering::Release);
         slot.time.store(time, Ordering::Relaxed);
@@ -232,7 +236,7 @@ impl Ring {
 
     /// The slot of `seq`, if it still holds that event, fully written.
     fn read(&self, seq: u64) -> Option<(u64, u64, u64, u64)> {
-        let slot = &self.slots[(seq % self.slots.len() as u64) as usize];
+        let slot = &self.slots[(seq & self.mask) as usize];
         if slot.seq.load(Ordering::Acquire) != 2 * seq + 2 {
             return None;
         }
@@ -292,10 +296,11 @@ pub fn is_on() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-/// Switches the recorder on with a ring of `capacity` events (at least 1), discarding what
-/// an earlier recording held. The ring is allocated here; recording allocates nothing.
+/// Switches the recorder on with a ring of `capacity` events, rounded up to a power of two
+/// (at least 1, at most 2^30; [`capacity`] says what it is), discarding what an earlier
+/// recording held. The ring is allocated here; recording allocates nothing.
 pub fn start(capacity: usize) {
-    let capacity = capacity.max(1);
+    let capacity = capacity.clamp(1, 1 << 30).next_power_of_two();
     let mut ring = RING.lock().unwrap_or_else(PoisonError::into_inner);
     ON.store(false, Ordering::Relaxed);
     match *ring {
