@@ -32,7 +32,7 @@ use super::ring::Ring;
 use super::sizing::{spilled_bytes, RingShape, Sizing};
 use super::spill::Spills;
 use super::stamp::{KeepAlive, Shared, Stamp, WorkspaceMemory};
-use super::stats::{Figures, WorkspaceStats};
+use super::stats::{Figures, Published, WorkspaceStats};
 use crate::error::Error;
 
 /// What the configuration and the debug mode fixed when the workspace was created.
@@ -96,6 +96,8 @@ pub(crate) struct Arena {
     _claim: Option<PathClaim>,
     /// The workspace's name in the timeline recorder (semantics §7).
     trace_name: NameId,
+    /// The figures published for other threads (semantics §7).
+    published: Arc<Published>,
 }
 
 impl Arena {
@@ -132,6 +134,7 @@ impl Arena {
             ring: Ring::new(),
             _claim: claim,
             trace_name: trace::intern(Space::Workspace, id),
+            published: Arc::new(Published::new(id, config.source())),
         };
         if config.initial_size() > 0 && !arena.settings.no_buffer {
             if circular {
@@ -578,8 +581,20 @@ impl Arena {
         self.trace_name
     }
 
-    /// The memory source the workspace draws from.
-    pub(crate) fn source(&self) -> crate::memory::MemorySource {
-        self.settings.config.source()
+    /// The copy of the figures published for other threads.
+    pub(crate) fn published(&self) -> &Arc<Published> {
+        &self.published
+    }
+
+    /// Publishes the figures for other threads: a few relaxed stores.
+    pub(crate) fn publish(&self) {
+        self.published.store(&self.figures());
+    }
+
+    /// Publishes that a cycle runs (after an enter): two relaxed stores.
+    pub(crate) fn publish_entered(&self) {
+        if self.is_open() {
+            self.published.store_entered(self.generation());
+        }
     }
 }

@@ -34,8 +34,6 @@ use crate::memory::MemorySource;
 struct Manager {
     /// Every workspace of the thread, in creation order.
     workspaces: RefCell<Vec<Rc<Arena>>>,
-    /// The registry entry of each workspace, in the same order.
-    published: RefCell<Vec<Arc<Published>>>,
     /// One entry per live guard; `None` for a scope-out guard.
     stack: RefCell<Vec<Option<Rc<Arena>>>>,
 }
@@ -44,40 +42,22 @@ impl Manager {
     const fn new() -> Manager {
         Manager {
             workspaces: RefCell::new(Vec::new()),
-            published: RefCell::new(Vec::new()),
             stack: RefCell::new(Vec::new()),
-        }
-    }
-
-    /// Publishes the figures of `arena` to the registry.
-    fn publish(&self, arena: &Arena) {
-        let Ok(list) = self.workspaces.try_borrow() else {
-            return;
-        };
-        let Ok(published) = self.published.try_borrow() else {
-            return;
-        };
-        if let Some(i) = list.iter().position(|a| std::ptr::eq(&**a, arena)) {
-            if let Some(p) = published.get(i) {
-                p.store(&arena.figures());
-            }
         }
     }
 
     /// Adds `arena` to this thread's list and to the registry.
     fn add(&self, arena: &Rc<Arena>) {
-        let published = Arc::new(Published::new(arena.id(), arena.source()));
-        published.store(&arena.figures());
-        lock_registry().push(Arc::clone(&published));
+        arena.publish();
+        lock_registry().push(Arc::clone(arena.published()));
         self.workspaces.borrow_mut().push(Rc::clone(arena));
-        self.published.borrow_mut().push(published);
     }
 
     /// Removes the workspace at `position` from this thread's list and the registry.
     fn remove(&self, position: usize) -> Rc<Arena> {
-        let published = self.published.borrow_mut().remove(position);
-        lock_registry().retain(|p| !Arc::ptr_eq(p, &published));
-        self.workspaces.borrow_mut().remove(position)
+        let arena = self.workspaces.borrow_mut().remove(position);
+        lock_registry().retain(|p| !Arc::ptr_eq(p, arena.published()));
+        arena
     }
 
     fn find(&self, id: &str) -> Option<Rc<Arena>> {
@@ -108,8 +88,8 @@ impl Drop for Manager {
         // outlives its thread (one kept in another thread-local, say) still reads its
         // workspace's memory: that workspace is invalidated but its memory is leaked, never
         // freed under the view.
-        let mine = std::mem::take(self.published.get_mut());
-        lock_registry().retain(|p| !mine.iter().any(|m| Arc::ptr_eq(p, m)));
+        let mine = self.workspaces.get_mut();
+        lock_registry().retain(|p| !mine.iter().any(|a| Arc::ptr_eq(p, a.published())));
         for arena in self.workspaces.get_mut().drain(..) {
             if arena.shared().views() > 0 {
                 arena.shared().destroy();
@@ -149,7 +129,7 @@ pub(crate) fn all_workspaces_with_source() -> Vec<(String, WorkspaceStats, Memor
     let _ = MANAGER.try_with(|m| {
         if let Ok(list) = m.workspaces.try_borrow() {
             for arena in list.iter() {
-                m.publish(arena);
+                arena.publish();
             }
         }
     });
@@ -262,7 +242,7 @@ impl Workspaces {
                 arena.enter(parent.as_ref())?;
                 stack.push(Some(Rc::clone(&arena)));
                 drop(stack);
-                m.publish(&arena);
+                arena.publish_entered();
                 Ok(WorkspaceGuard {
                     arena,
                     _not_send: PhantomData,
@@ -488,7 +468,7 @@ impl Drop for WorkspaceGuard {
         let _ = MANAGER.try_with(|m| m.pop(Some(&self.arena)));
         let before = trace::is_on().then(|| self.arena.figures());
         self.arena.leave();
-        let _ = MANAGER.try_with(|m| m.publish(&self.arena));
+        self.arena.publish();
         if let Some(before) = before {
             trace_cycle_end(&self.arena, &before, &self.arena.figures());
         }

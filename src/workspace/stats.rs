@@ -160,6 +160,13 @@ impl Published {
         }
     }
 
+    /// Publishes that a cycle of `generation` runs (entering: two stores; the rest of
+    /// the figures are those of the last full publication).
+    pub(crate) fn store_entered(&self, generation: u64) {
+        self.words[7].store(generation, Ordering::Relaxed);
+        self.words[8].store(1, Ordering::Relaxed);
+    }
+
     /// The figures as last published.
     pub(crate) fn load(&self) -> WorkspaceStats {
         let w = |i: usize| self.words[i].load(Ordering::Relaxed);
