@@ -11,7 +11,8 @@
 //! The process-wide registry ([`all_workspaces`], semantics §7) holds one [`Published`]
 //! copy of the figures of every live workspace of every thread: a workspace joins it when
 //! it is created and leaves it when it is destroyed (or its thread exits), and its thread
-//! republishes its figures at every enter and leave. The bump path never touches it.
+//! republishes its figures at every leave (and the new generation at every enter). The
+//! bump path never touches it.
 
 use std::alloc::Layout;
 use std::cell::RefCell;
@@ -115,8 +116,9 @@ fn lock_registry() -> std::sync::MutexGuard<'static, Vec<Arc<Published>>> {
 
 /// The statistics of every live workspace of every thread, with the owning thread
 /// (`name (ThreadId(n))`), in creation order (semantics §7). The calling thread's figures
-/// are exact; another thread's are those it published when it last entered or left one of
-/// its workspaces (so `used` and `spilled_bytes` of a cycle running there lag).
+/// are exact; another thread's are those it published when it last left the workspace,
+/// with the generation and `open` of its last enter (so `used` and `spilled_bytes` of a
+/// cycle running there lag).
 pub fn all_workspaces() -> Vec<(String, WorkspaceStats)> {
     all_workspaces_with_source()
         .into_iter()

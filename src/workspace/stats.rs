@@ -102,8 +102,8 @@ impl Figures {
     }
 }
 
-/// A workspace's figures as last published by its thread (at creation, at every enter
-/// and leave, semantics §7), readable from any thread. Publishing is a handful of relaxed
+/// A workspace's figures as last published by its thread (at creation and every leave,
+/// the generation and `open` at every enter; semantics §7), readable from any thread. Publishing is a handful of relaxed
 /// stores: no lock and no allocation, and nothing on the bump path.
 #[derive(Debug)]
 pub(crate) struct Published {
