@@ -492,3 +492,35 @@ fn the_snapshot_and_the_report_serialize() {
     is_serialize(&stats::snapshot());
     is_serialize(&trace::events());
 }
+
+#[test]
+fn recording_pool_and_bump_events_allocates_nothing() {
+    let _lock = trace_lock();
+    let source = own_source(1 << 20);
+    let config = WorkspaceConfig::builder()
+        .initial_size(64 << 10)
+        .source(source)
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    trace::start(1 << 10);
+    drop(source.pool().allocate(256, 16).unwrap()); // the pool's name is interned once
+    let guard = ws.get_and_activate(&config, "TRACE_NO_ALLOC").unwrap();
+    let before = common::counting::heap_allocations_of_this_thread();
+    for _ in 0..100 {
+        drop(source.pool().allocate(256, 16).unwrap());
+        guard
+            .alloc(Layout::from_size_align(64, 16).unwrap())
+            .unwrap();
+    }
+    let allocations = common::counting::heap_allocations_of_this_thread() - before;
+    trace::stop();
+    drop(guard);
+    ws.destroy("TRACE_NO_ALLOC").unwrap();
+    let recorded = my_events()
+        .iter()
+        .filter(|(k, _, b)| *k == EventKind::Alloc && (*b == 256 || *b == 64))
+        .count();
+    assert_eq!(recorded, 201, "the pool's and the workspace's events");
+    assert_eq!(allocations, 0, "recording allocated");
+}
