@@ -253,6 +253,8 @@
 #![warn(missing_docs)]
 
 #[cfg(not(ndmem_loom))]
+pub mod device;
+#[cfg(not(ndmem_loom))]
 mod error;
 #[cfg(not(ndmem_loom))]
 pub mod memory;
@@ -278,6 +280,8 @@ pub mod workspace_slots;
 #[path = "workspace/state.rs"]
 pub mod workspace_state;
 
+#[cfg(not(ndmem_loom))]
+pub use device::Device;
 #[cfg(not(ndmem_loom))]
 pub use error::{Error, Result};
 #[cfg(not(ndmem_loom))]
