@@ -36,7 +36,7 @@ mod workspace;
 
 use std::cell::RefCell;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use ndmem_alloc::Usage;
 
@@ -197,7 +197,9 @@ pub fn cuda(ordinal: u32) -> Result<Device> {
     #[cfg(feature = "cuda")]
     {
         static OPENED: Mutex<Vec<Device>> = Mutex::new(Vec::new());
-        let mut opened = OPENED.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut opened = OPENED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(device) = opened.iter().find(|d| d.ordinal() == ordinal) {
             return Ok(device.clone());
         }
