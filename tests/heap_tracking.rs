@@ -1,17 +1,19 @@
 //! The tracking global allocator, installed the way a host application installs it
-//! (SEMANTICS 1). The statistics are process-wide, so this binary runs its checks one after
+//! (semantics §1). The statistics are process-wide, so this binary runs its checks one after
 //! another on the main thread (`harness = false`): the test harness's own threads would
 //! otherwise allocate in the middle of an exact measurement.
 
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use ndmem_alloc::{heap, Tracking};
+
+mod common;
+use common::child::Rerun;
 
 #[global_allocator]
 static GLOBAL: Tracking<TrueLive> = Tracking::new(TrueLive);
@@ -174,7 +176,7 @@ fn count_hook(layout: Layout, stats: &heap::HeapStats) {
     HOOK_CALLS.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Four threads allocate against a tight heap limit for a bounded time. SEMANTICS 1: the
+/// Four threads allocate against a tight heap limit for a bounded time (semantics §1): the
 /// limit is never exceeded, every successful allocation is usable, and live bytes return
 /// to their start value.
 fn limit_holds_under_four_threads() {
@@ -273,12 +275,11 @@ fn limit_holds_under_four_threads() {
 }
 
 fn run_child(env: &[(&str, &str)], case: &str) -> std::process::Output {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.env(CHILD, case);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
+    env.iter()
+        .fold(Rerun::binary().env(CHILD, case), |child, (k, v)| {
+            child.env(k, v)
+        })
+        .output()
 }
 
 fn env_limit_applies_at_start() {

@@ -1,6 +1,6 @@
 //! System's allocator, counting the heap allocations of each thread, so a test binary that
-//! installs it can check that a path allocates nothing on the Rust heap. Include it with
-//! `#[path = "common/counting.rs"] mod counting;` and install
+//! installs it can check that a path allocates nothing on the Rust heap: `common::counting`,
+//! or this file alone with `#[path = "common/counting.rs"] mod counting;`. Install
 //! `counting::CountingPerThread` as the `#[global_allocator]`.
 
 #![allow(unsafe_code)]
@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 /// System, counting the calling thread's allocations and reallocations.
-pub struct CountingPerThread;
+pub(crate) struct CountingPerThread;
 
 std::thread_local! {
     static HEAP_ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
@@ -37,6 +37,6 @@ unsafe impl GlobalAlloc for CountingPerThread {
 }
 
 /// Heap allocations (and reallocations) the calling thread made so far.
-pub fn heap_allocations_of_this_thread() -> u64 {
+pub(crate) fn heap_allocations_of_this_thread() -> u64 {
     HEAP_ALLOCATIONS.with(Cell::get)
 }

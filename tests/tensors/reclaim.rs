@@ -4,33 +4,24 @@
 //! Each test draws from a pool of its own, so its byte figures are its own. The epoch and
 //! the pending-free count are process-wide, though, and these tests hold the epoch pinned
 //! on purpose, count pending bytes, or need the limit path's own collection to be the one
-//! that frees: they run one at a time (the `SERIAL` lock). Tests that only measure their
-//! own pool's bytes live in `tests/scopes.rs`, unlocked.
+//! that frees, while every other test of this binary frees tensors: each runs alone in a
+//! process of its own (`run_alone`). Tests that only measure their own pool's bytes are in
+//! `scopes`, run in parallel.
 
 use std::sync::mpsc::channel;
-use std::sync::Mutex;
 
-use ndmem::alloc::{Limits, Pool};
-use ndmem::{reclaim, DType, MemorySource, Scope, Tensor};
+use ndmem::{reclaim, DType, Scope, Tensor};
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A pool of this test's own, with an optional byte limit.
-fn private(max_bytes: Option<usize>) -> MemorySource {
-    MemorySource::new(Pool::new(Limits::builder().max_bytes(max_bytes).build()))
-}
-
-fn live(source: &MemorySource) -> usize {
-    source.pool().stats().live_bytes
-}
+use crate::common::{child::run_alone, test_name};
+use crate::{live, private};
 
 #[test]
 fn a_scope_closed_under_a_pinned_reader_is_freed_only_after_it_unpins() {
-    let _serial = serial();
+    if run_alone(test_name!(
+        a_scope_closed_under_a_pinned_reader_is_freed_only_after_it_unpins
+    )) {
+        return;
+    }
     let source = private(None);
     let scope = Scope::new_base_in("pinned", source);
     let t = scope.full(DType::F32, &[1 << 16], 3.0).unwrap();
@@ -64,7 +55,11 @@ fn a_scope_closed_under_a_pinned_reader_is_freed_only_after_it_unpins() {
 
 #[test]
 fn a_long_lived_view_neither_stalls_reclamation_nor_lets_pending_bytes_grow() {
-    let _serial = serial();
+    if run_alone(test_name!(
+        a_long_lived_view_neither_stalls_reclamation_nor_lets_pending_bytes_grow
+    )) {
+        return;
+    }
     reclaim::collect();
     let source = private(None);
     // Another thread holds a view for the whole loop (the old epoch-pinning views
@@ -103,7 +98,11 @@ fn a_long_lived_view_neither_stalls_reclamation_nor_lets_pending_bytes_grow() {
 
 #[test]
 fn the_pool_limit_path_collects_pending_frees_before_failing() {
-    let _serial = serial();
+    if run_alone(test_name!(
+        the_pool_limit_path_collects_pending_frees_before_failing
+    )) {
+        return;
+    }
     reclaim::collect();
     const SIZE: usize = 4 << 20;
     // Room for one SIZE tensor, not two.

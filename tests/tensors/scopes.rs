@@ -2,21 +2,14 @@
 //!
 //! Tests run on parallel threads: byte checks read the scope's own figures, or a pool of
 //! the test's own ([`MemorySource::new`]). The tests that pin the epoch on purpose or count
-//! the process-wide pending frees live in `tests/pool_baseline.rs`.
+//! the process-wide pending frees are in `reclaim`.
 
 use std::time::{Duration, Instant};
 
-use ndmem::alloc::{AllocError, Limits, Pool};
+use ndmem::alloc::AllocError;
 use ndmem::{reclaim, DType, Error, MemorySource, Scope, Tensor};
 
-/// A pool of this test's own, with an optional byte limit.
-fn private(max_bytes: Option<usize>) -> MemorySource {
-    MemorySource::new(Pool::new(Limits::builder().max_bytes(max_bytes).build()))
-}
-
-fn live(source: &MemorySource) -> usize {
-    source.pool().stats().live_bytes
-}
+use crate::{live, private};
 
 /// Collects until `source`'s pool has no live bytes (other tests' threads may be pinned
 /// for a moment, holding frees back); returns what is still live after ten seconds.
@@ -287,7 +280,7 @@ fn the_root_cannot_be_closed_and_debug_dump_shows_bytes() {
 fn a_scope_closed_while_another_thread_reads_never_shows_freed_memory() {
     // semantics §6: one thread closes the scope (freeing the tensor while its handles live)
     // while another is inside reads of it; every read either sees the whole tensor or is
-    // refused with ScopeClosed. (Pool byte checks: tests/pool_baseline.rs.)
+    // refused with ScopeClosed. (Pool byte checks: `reclaim`.)
     for round in 0..20 {
         let scope = Scope::new_base("shared");
         let t = scope.full(DType::F64, &[1 << 14], 1.5).unwrap();
@@ -561,7 +554,7 @@ fn a_view_across_a_close_releases_its_block_to_its_pool_when_it_drops() {
 /// the workspace's source, and a detached copy is drawn from the same pool, not the global one.
 #[test]
 fn detach_from_a_workspace_copies_into_the_workspace_source() {
-    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    let source = private(Some(1 << 20));
     let cfg = ndmem::WorkspaceConfig::builder()
         .initial_size(1 << 16)
         .source(source)

@@ -1,0 +1,89 @@
+//! Bad input and the out-of-memory error: refusals that change nothing and say why.
+
+use ndmem_alloc::{AllocError, ByteSize, Usage};
+
+use crate::{pool_with, stats_without_rss, this_thread_os_id, MIB};
+
+#[test]
+fn bad_requests_are_errors_that_change_nothing() {
+    let pool = pool_with(64 * MIB);
+    let keep = pool.allocate(1000, 16).unwrap();
+    drop(pool.allocate(4 * MIB, 64).unwrap());
+    let before = stats_without_rss(&pool);
+    assert_eq!(before.cached_bytes, 4 * MIB, "a block is cached");
+    let cases: [(usize, usize, &str); 6] = [
+        (0, 16, "zero-size"),
+        (64, 0, "power of two"),
+        (64, 3, "power of two"),
+        (64, 8192, "above 4096"),
+        (usize::MAX, 16, "overflows"),
+        (isize::MAX as usize, 4096, "overflows"),
+    ];
+    for (size, align, expected) in cases {
+        let err = pool.allocate(size, align).unwrap_err();
+        assert!(matches!(err, AllocError::InvalidLayout { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(expected) && msg.contains(&size.to_string()),
+            "{msg}"
+        );
+    }
+    let err = pool.reserve(0, Usage::Other).unwrap_err();
+    assert!(err.to_string().contains("zero"), "{err}");
+    // A limit below the live block is refused before the cache is touched.
+    let err = pool.set_max_bytes(Some(512)).unwrap_err();
+    assert!(matches!(err, AllocError::LimitBelowUse { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&keep.capacity().to_string()),
+        "{err}"
+    );
+    // Every figure, the cache and the OS calls included, is as it was.
+    assert_eq!(stats_without_rss(&pool), before);
+    assert_eq!(pool.limits().0, Some(64 * MIB));
+    assert_eq!(keep.len(), 1000);
+}
+
+#[test]
+fn a_request_too_large_for_the_limit_is_refused_with_a_useful_message() {
+    let pool = pool_with(8 * MIB);
+    let _ws = pool.allocate_for(5 * MIB, 64, Usage::Workspace).unwrap();
+    let _t = pool.allocate_for(2 * MIB, 64, Usage::Tensor).unwrap();
+    let before = pool.stats();
+    let err = pool.allocate(4 * MIB, 64).unwrap_err();
+    let AllocError::OutOfMemory {
+        requested,
+        used,
+        limit,
+        thread,
+        ..
+    } = err.clone()
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(requested, 4 * MIB);
+    assert_eq!(limit, 8 * MIB);
+    assert_eq!(used, before.used_bytes);
+    let tid = this_thread_os_id();
+    assert_eq!(thread, tid);
+    let msg = err.to_string();
+    for part in [
+        "Can't allocate [HOST] memory: 4194304 bytes".to_string(),
+        format!("threadId: {tid}"),
+        format!(
+            "off-heap {} of {} limit in use",
+            ByteSize(used),
+            ByteSize(8 * MIB)
+        ),
+        format!("workspaces {}", ByteSize(5 * MIB)),
+        format!("tensors {}", ByteSize(2 * MIB)),
+        "raise Limits::max_bytes of this pool".to_string(),
+    ] {
+        assert!(msg.contains(&part), "{msg:?} lacks {part:?}");
+    }
+    let after = pool.stats();
+    assert_eq!(
+        after.used_bytes, before.used_bytes,
+        "a failed request reserves nothing"
+    );
+    assert_eq!(after.failed_allocations, before.failed_allocations + 1);
+}

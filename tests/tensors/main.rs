@@ -1,0 +1,27 @@
+//! Tensors: the ops against plain ndarray (`ops`), the validity checks of workspace memory
+//! (`validity`, semantics §3), NDManager-style scopes (`scopes`, semantics §4) and epoch
+//! reclamation (`reclaim`, semantics §6).
+//!
+//! Byte checks read a pool of the test's own, so the tests run in parallel; those that read
+//! the process-wide epoch run in a child process of their own (`common::child`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod ops;
+mod reclaim;
+mod scopes;
+mod validity;
+
+use ndmem::alloc::{Limits, Pool};
+use ndmem::MemorySource;
+
+/// A pool of this test's own, with an optional byte limit.
+pub(crate) fn private(max_bytes: Option<usize>) -> MemorySource {
+    MemorySource::new(Pool::new(Limits::builder().max_bytes(max_bytes).build()))
+}
+
+/// The live bytes of `source`'s pool.
+pub(crate) fn live(source: &MemorySource) -> usize {
+    source.pool().stats().live_bytes
+}
