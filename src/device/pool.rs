@@ -254,7 +254,12 @@ impl Inner {
     fn give_back(&self, ptr: u64, capacity: usize, class: Option<usize>, usage: Usage, passed: bool) {
         self.counters.live.sub(capacity);
         self.counters.by_usage[usage_index(usage)].fetch_sub(capacity, Ordering::Relaxed);
-        if passed {
+        if !passed {
+            // The device failed to pass the fence: work may still use the buffer, so it is
+            // neither reused nor freed; its bytes stay reserved (lost with the context).
+            return;
+        }
+        {
             if let Some(class) = class {
                 let mut cache = self.pool.class(class);
                 if cache.len() < CACHED_PER_CLASS {
