@@ -27,6 +27,8 @@ const MIN_CLASS: usize = 512;
 const MAX_CACHED: usize = 1 << 30;
 /// Classes: one for `<= 512`, then four per power of two up to [`MAX_CACHED`].
 const CLASSES: usize = 1 + 4 * (MAX_CACHED.trailing_zeros() as usize - 9);
+/// How long an allocation at the limit keeps flushing this device's deferred frees.
+const DEFERRED_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 /// Buffers kept per class.
 pub(crate) const CACHED_PER_CLASS: usize = 32;
 
@@ -231,11 +233,15 @@ impl Inner {
                             variable: ENV_MAX_DEVICE_BYTES,
                         }));
                     }
-                    // Flush this device's deferred frees (a thread pinned elsewhere may
-                    // hold them back for a moment; a few rounds let it unpin).
-                    for _ in 0..8 {
+                    // Flush this device's deferred frees. A thread pinned elsewhere holds
+                    // them back only for the length of one operation: keep collecting
+                    // while some are pending, for at most 100 ms.
+                    let deadline = std::time::Instant::now() + DEFERRED_WAIT;
+                    loop {
                         crate::reclaim::collect();
-                        if self.counters.deferred.load(Ordering::Relaxed) == 0 {
+                        if self.counters.deferred.load(Ordering::Relaxed) == 0
+                            || std::time::Instant::now() >= deadline
+                        {
                             break;
                         }
                         std::thread::yield_now();
