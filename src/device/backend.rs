@@ -79,10 +79,12 @@ impl Backend {
     /// Asks the driver for `bytes` of device memory, aligned to 256 bytes.
     pub(crate) fn malloc(&self, ordinal: u32, bytes: usize) -> Result<u64> {
         match self {
-            Backend::Sim(s) => s.malloc(bytes, DEVICE_ALIGN).map_err(|message| Error::Device {
-                device: ordinal,
-                message: format!("cuMemAlloc: {message}"),
-            }),
+            Backend::Sim(s) => s
+                .malloc(bytes, DEVICE_ALIGN)
+                .map_err(|message| Error::Device {
+                    device: ordinal,
+                    message: format!("cuMemAlloc: {message}"),
+                }),
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.malloc(bytes),
         }
@@ -252,9 +254,9 @@ impl Backend {
             #[cfg(feature = "cuda")]
             (Backend::Cuda(c), Fence::Cuda(e)) => c.wait(e),
             #[cfg(feature = "cuda")]
-            (Backend::Sim(_), Fence::Cuda(e)) => e
-                .synchronize()
-                .map_err(|e| Error::NoDevice { reason: e.to_string() }),
+            (Backend::Sim(_), Fence::Cuda(e)) => e.synchronize().map_err(|e| Error::NoDevice {
+                reason: e.to_string(),
+            }),
         }
     }
 

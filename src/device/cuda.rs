@@ -23,6 +23,7 @@ pub(crate) struct Cuda {
     ordinal: u32,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    compute: super::kernels::Compute,
 }
 
 /// Says whether the CUDA driver library can be loaded, with the reason when it cannot.
@@ -73,6 +74,7 @@ impl Cuda {
             ordinal,
             ctx,
             stream,
+            compute: Default::default(),
         })
     }
 
@@ -81,6 +83,21 @@ impl Cuda {
             device: self.ordinal,
             message: format!("{what}: {e}"),
         }
+    }
+
+    /// The device's ordinal.
+    pub(crate) fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// The kernels and cuBLAS handle of this device.
+    pub(crate) fn compute(&self) -> &super::kernels::Compute {
+        &self.compute
+    }
+
+    /// Makes the context current on this thread.
+    pub(crate) fn bind_context(&self) -> Result<()> {
+        self.bind()
     }
 
     fn bind(&self) -> Result<()> {
@@ -241,13 +258,11 @@ impl Cuda {
     }
 
     /// The context, for the kernels and cuBLAS.
-    #[allow(dead_code)]
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
 
     /// The stream all work goes to.
-    #[allow(dead_code)]
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }

@@ -124,8 +124,7 @@ impl DeviceLimit {
                 scaled,
                 denominator,
             } => {
-                let bytes =
-                    device_memory as u128 * scaled as u128 / (100 * denominator as u128);
+                let bytes = device_memory as u128 * scaled as u128 / (100 * denominator as u128);
                 if bytes == 0 {
                     return Err(invalid(
                         &self.to_string(),
@@ -167,15 +166,27 @@ mod tests {
 
     #[test]
     fn sizes_and_percentages_of_the_device() {
-        assert_eq!(DeviceLimit::parse("64M").unwrap(), DeviceLimit::Bytes(64 << 20));
+        assert_eq!(
+            DeviceLimit::parse("64M").unwrap(),
+            DeviceLimit::Bytes(64 << 20)
+        );
         assert_eq!(DeviceLimit::parse(" 0 ").unwrap(), DeviceLimit::Unlimited);
         assert_eq!(DeviceLimit::parse("0%").unwrap(), DeviceLimit::Unlimited);
         let half = DeviceLimit::parse("50%").unwrap();
-        assert_eq!(half.resolve(80 << 30, Some(1 << 30)).unwrap(), Some(40 << 30));
+        assert_eq!(
+            half.resolve(80 << 30, Some(1 << 30)).unwrap(),
+            Some(40 << 30)
+        );
         let eighth = DeviceLimit::parse("12.5%").unwrap();
         assert_eq!(eighth.resolve(8000, None).unwrap(), Some(1000));
         assert_eq!(eighth.to_string(), "12.5%");
-        assert_eq!(DeviceLimit::parse("100%").unwrap().resolve(77, None).unwrap(), Some(77));
+        assert_eq!(
+            DeviceLimit::parse("100%")
+                .unwrap()
+                .resolve(77, None)
+                .unwrap(),
+            Some(77)
+        );
     }
 
     #[test]

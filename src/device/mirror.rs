@@ -81,10 +81,9 @@ impl Mirror {
     pub fn new(device: &Device, len: usize, policy: MirroringPolicy) -> Result<Mirror> {
         let len = len.max(1);
         let (host, device_side) = match policy {
-            MirroringPolicy::HostOnly => (
-                Some(HostCopy::Pinned(device.allocate_pinned(len)?)),
-                None,
-            ),
+            MirroringPolicy::HostOnly => {
+                (Some(HostCopy::Pinned(device.allocate_pinned(len)?)), None)
+            }
             _ => {
                 let mut buffer = device.allocate(len)?;
                 device.fill(&mut buffer, 0)?;
@@ -152,11 +151,11 @@ impl Mirror {
     /// The host copy, made (zeroed, in the host pool as mirror memory) on first use.
     fn host_copy(&mut self) -> Result<&mut HostCopy> {
         if self.host.is_none() {
-            let block = self
-                .device
-                .host_source()
-                .pool()
-                .allocate_zeroed_for(self.len, 64, Usage::Mirror)?;
+            let block = self.device.host_source().pool().allocate_zeroed_for(
+                self.len,
+                64,
+                Usage::Mirror,
+            )?;
             self.host = Some(HostCopy::Pooled(block));
         }
         match self.host.as_mut() {

@@ -23,8 +23,11 @@
 //! ```
 
 mod backend;
+mod compute;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod kernels;
 mod limit;
 mod mirror;
 mod pinned;
@@ -45,6 +48,7 @@ use crate::memory::MemorySource;
 use backend::Backend;
 
 pub use backend::BackendKind;
+pub use compute::{BinaryOp, UnaryOp};
 pub use limit::DeviceLimit;
 pub use mirror::{Mirror, MirrorDevice, MirrorDeviceMut};
 pub use pinned::PinnedBuffer;

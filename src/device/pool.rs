@@ -257,7 +257,14 @@ impl Inner {
     }
 
     /// Takes a buffer back (from a deferred free, its fence passed or not).
-    fn give_back(&self, ptr: u64, capacity: usize, class: Option<usize>, usage: Usage, passed: bool) {
+    fn give_back(
+        &self,
+        ptr: u64,
+        capacity: usize,
+        class: Option<usize>,
+        usage: Usage,
+        passed: bool,
+    ) {
         self.counters.live.sub(capacity);
         self.counters.by_usage[usage_index(usage)].fetch_sub(capacity, Ordering::Relaxed);
         if !passed {
@@ -315,9 +322,9 @@ fn class_bytes(index: usize) -> usize {
 /// A number for the calling thread, for error messages.
 fn thread_number() -> u64 {
     let id = format!("{:?}", std::thread::current().id());
-    id.bytes()
-        .filter(u8::is_ascii_digit)
-        .fold(0u64, |n, d| n.wrapping_mul(10).wrapping_add(u64::from(d - b'0')))
+    id.bytes().filter(u8::is_ascii_digit).fold(0u64, |n, d| {
+        n.wrapping_mul(10).wrapping_add(u64::from(d - b'0'))
+    })
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ pub(crate) struct Counters {
     pub(crate) staged_bytes: AtomicU64,
     pub(crate) synchronizations: AtomicU64,
     pub(crate) fences_before_free: AtomicU64,
+    pub(crate) kernel_launches: AtomicU64,
 }
 
 pub(crate) fn usage_index(usage: Usage) -> usize {
@@ -88,6 +89,7 @@ impl Counters {
             staged_bytes: get(&self.staged_bytes),
             synchronizations: get(&self.synchronizations),
             fences_before_free: get(&self.fences_before_free),
+            kernel_launches: get(&self.kernel_launches),
         }
     }
 }
@@ -139,6 +141,8 @@ pub struct DeviceStats {
     pub synchronizations: u64,
     /// Fences waited on before a device or pinned buffer was reused or freed.
     pub fences_before_free: u64,
+    /// Device operations launched (kernels and matrix products).
+    pub kernel_launches: u64,
 }
 
 impl DeviceStats {
@@ -163,6 +167,7 @@ impl DeviceStats {
             staged_bytes: self.staged_bytes - earlier.staged_bytes,
             synchronizations: self.synchronizations - earlier.synchronizations,
             fences_before_free: self.fences_before_free - earlier.fences_before_free,
+            kernel_launches: self.kernel_launches - earlier.kernel_launches,
             ..*self
         }
     }

@@ -25,7 +25,11 @@ impl Device {
                 self.ordinal(),
                 format!(
                     "{what}: the memory lives on another device ({} {}); copy it to this one first",
-                    if memory.ordinal() == self.ordinal() { "a different" } else { "device" },
+                    if memory.ordinal() == self.ordinal() {
+                        "a different"
+                    } else {
+                        "device"
+                    },
                     memory.ordinal()
                 ),
             ));

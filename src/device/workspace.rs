@@ -189,13 +189,13 @@ impl DeviceWorkspace {
     }
 
     fn spill_allocate(&self, bytes: usize, align: usize) -> Result<u64> {
-        let counted = spilled_bytes(bytes.max(1), align, self.sizing.align).ok_or(
-            Error::Alloc(AllocError::InvalidLayout {
+        let counted = spilled_bytes(bytes.max(1), align, self.sizing.align).ok_or(Error::Alloc(
+            AllocError::InvalidLayout {
                 size: bytes,
                 align,
                 reason: "the padded size overflows isize",
-            }),
-        )?;
+            },
+        ))?;
         if self.spill == SpillPolicy::Fail {
             let available = self
                 .buffer

@@ -25,7 +25,10 @@ fn without_a_driver_opening_a_device_is_no_device() {
     let err = device::cuda(0).unwrap_err();
     assert!(matches!(err, Error::NoDevice { .. }), "{err:?}");
     assert!(err.to_string().contains("no CUDA driver found"), "{err}");
-    assert!(matches!(device::cuda_device_count(), Err(Error::NoDevice { .. })));
+    assert!(matches!(
+        device::cuda_device_count(),
+        Err(Error::NoDevice { .. })
+    ));
 }
 
 #[test]
@@ -111,4 +114,67 @@ fn a_learned_workspace_asks_the_driver_for_nothing() {
     let after = gpu.stats().since(&before);
     assert_eq!(after.driver_allocations, 0);
     eprintln!("100 learned cycles (3 allocations + 3 memsets each): {elapsed:?}");
+}
+
+#[test]
+fn kernels_and_cublas_match_the_simulated_device() {
+    use ndmem::device::{BinaryOp, Device, DeviceBuffer, UnaryOp};
+    let Some(gpu) = gpu() else { return };
+    let sim = crate::sim(0, 1 << 30);
+    let (m, k, n) = (37usize, 129usize, 65usize);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 30.0)
+        .collect();
+    let run = |d: &Device| -> Vec<Vec<f32>> {
+        let up = |v: &[f32]| -> DeviceBuffer {
+            let mut buf = d.allocate(v.len() * 4).unwrap();
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
+            d.upload(&bytes, &mut buf).unwrap();
+            buf
+        };
+        let down = |buf: &DeviceBuffer, len: usize| -> Vec<f32> {
+            let mut bytes = vec![0u8; len * 4];
+            d.download(buf, &mut bytes).unwrap();
+            crate::floats(&bytes)
+        };
+        let (da, db) = (up(&a), up(&b));
+        let mut c = d.allocate(m * n * 4).unwrap();
+        let mut out = Vec::new();
+        d.matmul_f32(&da, &db, &mut c, m, k, n, false, false)
+            .unwrap();
+        out.push(down(&c, m * n));
+        let mut g = d.allocate(k * k * 4).unwrap();
+        d.matmul_f32(&da, &da, &mut g, k, m, k, true, false)
+            .unwrap();
+        out.push(down(&g, k * k));
+        let mut y = d.allocate(m * k * 4).unwrap();
+        for op in [UnaryOp::Relu, UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Exp] {
+            d.unary_f32(op, &da, &mut y, m * k).unwrap();
+            out.push(down(&y, m * k));
+        }
+        let bias = up(&b[..k]);
+        d.binary_f32(BinaryOp::Add, &da, m * k, &bias, k, &mut y, m * k)
+            .unwrap();
+        out.push(down(&y, m * k));
+        d.softmax_f32(&da, &mut y, m, k, true).unwrap();
+        out.push(down(&y, m * k));
+        let mut s = d.allocate(k.max(m) * 4).unwrap();
+        d.sum_f32(&da, &mut s, m, k, 1).unwrap();
+        out.push(down(&s, m));
+        d.sum_f32(&da, &mut s, m, k, 0).unwrap();
+        out.push(down(&s, k));
+        out
+    };
+    let (on_gpu, on_sim) = (run(&gpu), run(&sim));
+    for (i, (g, s)) in on_gpu.iter().zip(&on_sim).enumerate() {
+        for (x, y) in g.iter().zip(s) {
+            assert!(
+                (x - y).abs() <= 1e-3 * (1.0 + y.abs()),
+                "result {i}: {x} vs {y}"
+            );
+        }
+    }
 }

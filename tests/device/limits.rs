@@ -78,8 +78,8 @@ fn the_limit_is_exact_from_four_threads() {
                 for i in 0..2000 {
                     match gpu.allocate(SIZE - (t * 64 + i % 7)) {
                         Ok(b) => {
-                            let now = tally.fetch_add(b.capacity(), Ordering::SeqCst)
-                                + b.capacity();
+                            let now =
+                                tally.fetch_add(b.capacity(), Ordering::SeqCst) + b.capacity();
                             peak.fetch_max(now, Ordering::SeqCst);
                             assert!(gpu.stats().used_bytes <= LIMIT);
                             held.push(b);
@@ -122,7 +122,11 @@ fn the_limit_is_exact_from_four_threads() {
     assert_eq!(stats.live_bytes, 0);
     assert!(stats.used_bytes <= LIMIT);
     let info = gpu.memory_info().unwrap();
-    assert_eq!(info.total - info.free, stats.used_bytes, "driver and pool agree");
+    assert_eq!(
+        info.total - info.free,
+        stats.used_bytes,
+        "driver and pool agree"
+    );
 }
 
 #[test]
@@ -182,17 +186,17 @@ fn the_simulated_driver_refuses_what_the_device_does_not_hold() {
     .unwrap();
     let _a = gpu.allocate(800 << 10).unwrap();
     let err = gpu.allocate(800 << 10).unwrap_err();
-    assert!(
-        matches!(err, Error::Device { device: 0, .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::Device { device: 0, .. }), "{err:?}");
     assert!(err.to_string().contains("out of memory"), "{err}");
 }
 
 #[test]
 fn garbage_in_the_variable_names_it() {
     let err = DeviceLimit::parse("lots").unwrap_err().to_string();
-    assert!(err.contains("NDMEM_MAX_DEVICE_BYTES") && err.contains("\"lots\""), "{err}");
+    assert!(
+        err.contains("NDMEM_MAX_DEVICE_BYTES") && err.contains("\"lots\""),
+        "{err}"
+    );
     let err = DeviceLimit::parse("150%").unwrap_err().to_string();
     assert!(err.contains("cannot exceed 100%"), "{err}");
 }

@@ -1,6 +1,7 @@
 //! The device layer on the simulated device (semantics §1, §5, §6), and on CUDA when a
 //! driver is present (skipped with a printed reason otherwise).
 
+mod compute;
 mod cuda;
 mod limits;
 mod mirror;

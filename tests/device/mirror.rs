@@ -22,7 +22,9 @@ fn device_add(m: &mut Mirror, delta: f32) {
 fn device_sum(m: &mut Mirror) -> f32 {
     let gpu = m.device_handle().clone();
     let side = m.device().unwrap();
-    floats(gpu.sim_bytes(&side).expect("sim device")).iter().sum()
+    floats(gpu.sim_bytes(&side).expect("sim device"))
+        .iter()
+        .sum()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -96,8 +98,16 @@ fn host_write_device_op_host_read_device_ops_host_read() {
 #[test]
 fn reads_on_a_current_side_copy_nothing() {
     use Step::*;
-    run(&[HostWrite(5.0), HostRead, HostRead, HostAdd(1.0), HostRead], 0, 0);
-    run(&[DeviceAdd(1.0), DeviceRead, DeviceRead, DeviceAdd(2.0)], 0, 0);
+    run(
+        &[HostWrite(5.0), HostRead, HostRead, HostAdd(1.0), HostRead],
+        0,
+        0,
+    );
+    run(
+        &[DeviceAdd(1.0), DeviceRead, DeviceRead, DeviceAdd(2.0)],
+        0,
+        0,
+    );
     run(
         &[HostWrite(2.0), DeviceRead, DeviceRead, HostRead, DeviceRead],
         1,
@@ -133,7 +143,11 @@ fn a_fresh_mirror_is_zero_on_both_sides_without_transfers() {
 fn overwriting_a_stale_side_copies_nothing_first() {
     use Step::*;
     // The device wrote, then the host overwrites everything: no download first.
-    run(&[DeviceAdd(4.0), HostWrite(7.0), HostRead, DeviceRead], 1, 0);
+    run(
+        &[DeviceAdd(4.0), HostWrite(7.0), HostRead, DeviceRead],
+        1,
+        0,
+    );
 }
 
 #[test]
@@ -182,7 +196,14 @@ fn a_read_only_device_side_cannot_be_written_through() {
     }
     assert_eq!(b.host().unwrap(), &[9u8; 128][..]);
     let stats = gpu.stats();
-    assert_eq!((stats.htod_transfers, stats.dtoh_transfers, stats.dtod_transfers), (1, 1, 1));
+    assert_eq!(
+        (
+            stats.htod_transfers,
+            stats.dtoh_transfers,
+            stats.dtod_transfers
+        ),
+        (1, 1, 1)
+    );
 }
 
 #[test]

@@ -36,7 +36,10 @@ fn trim_gives_the_cache_back_to_the_driver() {
     drop(gpu.allocate(1 << 20).unwrap());
     assert!(gpu.trim() >= 1 << 20);
     let stats = gpu.stats();
-    assert_eq!((stats.cached_bytes, stats.used_bytes, stats.driver_frees), (0, 0, 1));
+    assert_eq!(
+        (stats.cached_bytes, stats.used_bytes, stats.driver_frees),
+        (0, 0, 1)
+    );
     let info = gpu.memory_info().unwrap();
     assert_eq!(info.free, info.total);
 }
@@ -98,7 +101,10 @@ fn pinned_buffers_are_counted_in_the_host_pool_and_freed_through_reclamation() {
     let pinned = gpu.allocate_pinned(600 << 10).unwrap();
     assert_eq!(host.pool().stats().mirror_bytes, 600 << 10);
     let err = gpu.allocate_pinned(600 << 10).unwrap_err().to_string();
-    assert!(err.contains("[HOST]") && err.contains("host mirrors 600.0 KiB"), "{err}");
+    assert!(
+        err.contains("[HOST]") && err.contains("host mirrors 600.0 KiB"),
+        "{err}"
+    );
     drop(pinned);
     crate::settle(&gpu);
     assert_eq!(gpu.stats().pinned_bytes, 0);
