@@ -288,6 +288,60 @@ impl Mirror {
     }
 }
 
+/// How the host side of a mirror is about to be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostAccess {
+    /// Read: made current first.
+    Read,
+    /// Read and written: made current first, the device side stale afterwards.
+    ReadWrite,
+    /// Written in full without reading: no copy first, the device side stale afterwards.
+    Overwrite,
+}
+
+impl Mirror {
+    /// A `Full` mirror whose device side is about to be written in full by a device
+    /// operation: its device buffer is taken but not cleared, and counts as the newest
+    /// write (the host side stale).
+    pub(crate) fn for_device_output(device: &Device, len: usize) -> Result<Mirror> {
+        let len = len.max(1);
+        let buffer = device.allocate(len)?;
+        Ok(Mirror {
+            device: device.clone(),
+            len,
+            policy: MirroringPolicy::Full,
+            host: None,
+            device_side: Some(buffer),
+            writes: 1,
+            host_stamp: 0,
+            device_stamp: 1,
+        })
+    }
+
+    /// The host side's address, prepared for `access` (copied first when it must be).
+    /// The address stays valid for the mirror's life: the host copy, once made, is kept.
+    pub(crate) fn host_ptr(&mut self, access: HostAccess) -> Result<*mut u8> {
+        if access != HostAccess::Overwrite {
+            self.make_host_current()?;
+        }
+        if access != HostAccess::Read {
+            self.wrote_host();
+        }
+        let len = self.len;
+        Ok(self.host_copy()?.bytes_mut(len).as_mut_ptr())
+    }
+
+    /// The device side's address, current, and the newest write if `write` (the host side
+    /// stale afterwards). Valid for the mirror's life.
+    pub(crate) fn device_ptr(&mut self, write: bool) -> Result<u64> {
+        self.make_device_current()?;
+        if write {
+            self.wrote_device();
+        }
+        Ok(self.range().ptr)
+    }
+}
+
 fn unreachable_host<T>() -> Result<T> {
     Err(crate::error::Error::Device {
         device: 0,

@@ -33,6 +33,7 @@ mod mirror;
 mod pinned;
 mod pool;
 mod sim;
+pub(crate) mod slot;
 mod stats;
 mod transfer;
 mod workspace;

@@ -8,7 +8,7 @@
 
 #![allow(unsafe_code)]
 
-use std::alloc::{alloc, dealloc, Layout};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The alignment of device allocations, as `cudaMalloc` gives (256 bytes).
@@ -69,8 +69,9 @@ impl Sim {
             return Err(format!("invalid size {bytes}"));
         };
         // SAFETY: the layout has a non-zero size (`max(1)`) and a power-of-two alignment
-        // (checked by `Layout::from_size_align`).
-        let ptr = unsafe { alloc(layout) };
+        // (checked by `Layout::from_size_align`). Zeroed, so simulated kernels never read
+        // uninitialised memory (a real device's fresh memory is merely unspecified).
+        let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
             self.allocated.fetch_sub(bytes, Ordering::Relaxed);
             return Err(format!("the host refused {bytes} bytes"));

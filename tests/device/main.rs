@@ -6,6 +6,7 @@ mod cuda;
 mod limits;
 mod mirror;
 mod pool;
+mod tensors;
 mod workspace;
 
 use ndmem::device::{self, Device, DeviceLimit, SimConfig};
