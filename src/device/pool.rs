@@ -179,7 +179,14 @@ impl Inner {
             }));
         }
         let (class, capacity) = size_class(bytes);
-        let ptr = match self.take_cached(class, capacity) {
+        let mut ptr = self.take_cached(class, capacity);
+        if ptr.is_none() && class.is_some() && self.counters.deferred.load(Ordering::Relaxed) > 0 {
+            // Buffers of this device wait for reclamation: flush them into the cache before
+            // asking the driver, so a steady loop reuses its buffers.
+            crate::reclaim::collect();
+            ptr = self.take_cached(class, capacity);
+        }
+        let ptr = match ptr {
             Some(ptr) => ptr,
             None => self.allocate_new(bytes, capacity)?,
         };

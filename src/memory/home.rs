@@ -276,6 +276,7 @@ impl Home {
                 ViewEntry::Refused { .. } => return None,
             },
         };
+        // A device that fails to copy its bytes to the host: the view is given back.
         let (ptr, len) = self.raw(Access::Read)?;
         // SAFETY: the memory is live and stays so while `hold` lives, which the caller
         // keeps with the slice: a granted view keeps a pool block from being released (the

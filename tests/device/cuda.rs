@@ -178,3 +178,35 @@ fn kernels_and_cublas_match_the_simulated_device() {
         }
     }
 }
+
+#[test]
+fn a_training_step_on_the_gpu_matches_the_cpu_and_transfers_only_batch_and_loss() {
+    use crate::tensors::{batch, Mlp};
+    let Some(gpu) = gpu() else { return };
+    let mut host = Mlp::new(None);
+    let mut dev = Mlp::new(Some(&gpu));
+    let steps = 200;
+    let mut last = (0.0, 0.0);
+    let mut transfers = Vec::new();
+    let start = std::time::Instant::now();
+    for step in 0..steps {
+        let (x, y) = batch(step);
+        let before = gpu.stats();
+        let (dx, dy) = (x.to_device(&gpu).unwrap(), y.to_device(&gpu).unwrap());
+        let loss_dev = dev.step(&dx, &dy, 0.1).to_host().unwrap().scalar().unwrap();
+        transfers.push(gpu.stats().since(&before));
+        let loss_host = host.step(&x, &y, 0.1).scalar().unwrap();
+        last = (loss_dev, loss_host);
+    }
+    let elapsed = start.elapsed();
+    let (d, h) = last;
+    assert!(((d - h) / h).abs() < 1e-3, "final loss {d} on the GPU vs {h} on the CPU");
+    for (step, s) in transfers.iter().enumerate() {
+        assert_eq!((s.htod_transfers, s.dtoh_transfers), (2, 1), "step {step}");
+    }
+    let late: u64 = transfers[10..].iter().map(|s| s.driver_allocations).sum();
+    eprintln!(
+        "{steps} steps (GPU and CPU alternating) in {elapsed:?}; device allocations after step 10: {late}"
+    );
+    assert_eq!(late, 0);
+}

@@ -154,7 +154,7 @@ fn in_place_device_updates_need_the_only_handle() {
 }
 
 /// One SGD step of a 4-32-3 MLP (softmax cross-entropy); returns the loss.
-struct Mlp {
+pub(crate) struct Mlp {
     w1: Tensor,
     b1: Tensor,
     w2: Tensor,
@@ -162,7 +162,7 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn new(device: Option<&Device>) -> Mlp {
+    pub(crate) fn new(device: Option<&Device>) -> Mlp {
         let put = |t: Tensor| match device {
             Some(d) => t.to_device(d).unwrap(),
             None => t,
@@ -180,7 +180,7 @@ impl Mlp {
         }
     }
 
-    fn step(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> Tensor {
+    pub(crate) fn step(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> Tensor {
         let rows = x.shape()[0] as f64;
         let z1 = x.matmul(&self.w1).unwrap().add(&self.b1).unwrap();
         let h = z1.relu().unwrap();
@@ -213,7 +213,7 @@ impl Mlp {
     }
 }
 
-fn batch(step: usize) -> (Tensor, Tensor) {
+pub(crate) fn batch(step: usize) -> (Tensor, Tensor) {
     let mut xs = Vec::new();
     let mut ys = Vec::new();
     for i in 0..16 {
