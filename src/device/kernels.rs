@@ -97,7 +97,7 @@ extern "C" __global__ void nd_softmax_rows(const float* x, float* y, u64 rows, u
     for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* xr = x + row * cols;
         float* yr = y + row * cols;
-        float m = -INFINITY;
+        float m = __int_as_float(0xff800000);  // -inf, without math headers
         for (u64 j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, xr[j]);
         part[threadIdx.x] = m;
         __syncthreads();
