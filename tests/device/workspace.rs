@@ -134,3 +134,30 @@ fn bad_alignment_is_an_error() {
     assert!(cycle.allocate(64, 3).is_err());
     assert!(cycle.allocate(64, 4096).unwrap().device_ptr() % 4096 == 0);
 }
+
+/// The host-side cost of a learned device workspace's allocation (a bump, no driver call).
+/// Timing only: `cargo test --release -p ndmem --test device -- --ignored bump_cost`.
+#[test]
+#[ignore = "timing; run in release"]
+fn bump_cost() {
+    let gpu = sim(0, 1 << 30);
+    let mut ws = DeviceWorkspace::new(&gpu, "TIMED", &WorkspaceConfig::default()).unwrap();
+    let sizes = [4096usize, 256, 65536, 1024];
+    let rounds = 200_000;
+    for _ in 0..2 {
+        let cycle = ws.enter();
+        for s in sizes {
+            std::hint::black_box(cycle.allocate(s, 256).unwrap());
+        }
+    }
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        let cycle = ws.enter();
+        for s in sizes {
+            std::hint::black_box(cycle.allocate(s, 256).unwrap());
+        }
+    }
+    let per = start.elapsed().as_nanos() as f64 / (rounds * sizes.len()) as f64;
+    eprintln!("device workspace allocation (cycle enter/exit included): {per:.1} ns");
+    assert_eq!(ws.stats().spilled, 0);
+}
