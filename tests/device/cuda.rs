@@ -200,7 +200,10 @@ fn a_training_step_on_the_gpu_matches_the_cpu_and_transfers_only_batch_and_loss(
     }
     let elapsed = start.elapsed();
     let (d, h) = last;
-    assert!(((d - h) / h).abs() < 1e-3, "final loss {d} on the GPU vs {h} on the CPU");
+    assert!(
+        ((d - h) / h).abs() < 1e-3,
+        "final loss {d} on the GPU vs {h} on the CPU"
+    );
     for (step, s) in transfers.iter().enumerate() {
         assert_eq!((s.htod_transfers, s.dtoh_transfers), (2, 1), "step {step}");
     }
