@@ -263,3 +263,48 @@ fn a_training_step_transfers_only_the_batch_in_and_the_loss_out() {
         }
     }
 }
+
+#[test]
+fn threads_reading_a_device_result_download_it_once() {
+    let gpu = sim(0, 1 << 30);
+    let t = Tensor::from_slice(&[1.0f32; 1024], &[1024])
+        .unwrap()
+        .to_device(&gpu)
+        .unwrap()
+        .mul_scalar(3.0)
+        .unwrap();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (t, barrier) = (t.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                assert!(t.to_vec::<f32>().unwrap().iter().all(|v| *v == 3.0));
+                // Device ops from several threads read the current device side.
+                let u = t.add_scalar(1.0).unwrap();
+                assert!(u.to_vec::<f32>().unwrap().iter().all(|v| *v == 4.0));
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    // One download of `t`, one of each thread's result.
+    assert_eq!(gpu.stats().dtoh_transfers, 5);
+}
+
+#[test]
+fn a_scope_that_owns_a_device_tensor_makes_it_unusable_when_it_closes() {
+    let gpu = sim(0, 1 << 30);
+    let scope = ndmem::Scope::new_base("device");
+    let t = Tensor::from_slice(&[1.0f32, 2.0], &[2])
+        .unwrap()
+        .to_device(&gpu)
+        .unwrap();
+    scope.attach(&t).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+    scope.close().unwrap();
+    let err = t.relu().unwrap_err();
+    assert!(matches!(err, Error::ScopeClosed { .. }), "{err:?}");
+    assert!(matches!(t.to_vec::<f32>(), Err(Error::ScopeClosed { .. })));
+}
