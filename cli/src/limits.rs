@@ -63,7 +63,7 @@ pub fn run(environment: &Environment) -> Result<(), Failure> {
                 "NDMEM_MAX_DEVICE_BYTES"
             );
             outln!(
-                "  {:<24} {:>12}  resolved against each device's memory (below)",
+                "  {:<24} {:>12}  resolved against each device's memory",
                 "",
                 ""
             );
