@@ -40,7 +40,8 @@ mod workspace;
 
 use std::cell::RefCell;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use ndmem_alloc::Usage;
 
@@ -101,6 +102,11 @@ pub(crate) struct Inner {
     pub(crate) pool: pool::DevicePool,
     pub(crate) staging: Mutex<Option<PinnedBuffer>>,
     pub(crate) host: MemorySource,
+    /// Fence tickets issued (one per buffer dropped) and passed: a ticket is passed once an
+    /// event recorded after it was issued has completed.
+    fence_issued: AtomicU64,
+    fence_passed: AtomicU64,
+    fence_lock: Mutex<()>,
     total_memory: usize,
     limit_given: DeviceLimit,
 }
@@ -296,6 +302,9 @@ impl Device {
                 pool: pool::DevicePool::new(limit),
                 staging: Mutex::new(None),
                 host,
+                fence_issued: AtomicU64::new(0),
+                fence_passed: AtomicU64::new(0),
+                fence_lock: Mutex::new(()),
                 total_memory,
                 limit_given,
             }),
@@ -426,6 +435,41 @@ impl fmt::Debug for Event {
         f.debug_struct("Event")
             .field("device", &self.device.ordinal)
             .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    /// A ticket for the work queued so far (no driver call): [`Inner::wait_ticket`] waits
+    /// for it.
+    pub(crate) fn fence_ticket(&self) -> u64 {
+        self.fence_issued.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Waits until the work queued before `ticket` was issued has completed; `false` if
+    /// the device failed to say. One event covers every ticket issued before it was
+    /// recorded, so a batch of deferred frees waits once.
+    pub(crate) fn wait_ticket(&self, ticket: u64) -> bool {
+        stats::bump(&self.counters.fences_before_free, 1);
+        if self.fence_passed.load(Ordering::Acquire) >= ticket {
+            return true;
+        }
+        let _one = self
+            .fence_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.fence_passed.load(Ordering::Acquire) >= ticket {
+            return true;
+        }
+        // Every ticket issued by now is covered by an event recorded after this load.
+        let covered = self.fence_issued.load(Ordering::Acquire);
+        let passed = match self.backend.fence() {
+            Ok(fence) => self.backend.wait(&fence).is_ok(),
+            Err(_) => self.backend.synchronize().is_ok(),
+        };
+        if passed {
+            self.fence_passed.fetch_max(covered, Ordering::AcqRel);
+        }
+        passed
     }
 }
 

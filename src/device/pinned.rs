@@ -127,18 +127,14 @@ impl Drop for PinnedBuffer {
         let raw = PinnedRaw { ptr: self.ptr };
         let len = self.len;
         let reservation = self.reservation.take();
-        let fence = device.backend.fence();
+        let ticket = device.fence_ticket();
         device
             .counters
             .deferred
             .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
         crate::reclaim::defer_with(len, move || {
             let raw = raw;
-            bump(&device.counters.fences_before_free, 1);
-            let passed = match &fence {
-                Ok(fence) => device.backend.wait(fence).is_ok(),
-                Err(_) => device.backend.synchronize().is_ok(),
-            };
+            let passed = device.wait_ticket(ticket);
             if passed {
                 // SAFETY: `raw.ptr` came from `malloc_pinned(_, len)` of this backend; the
                 // buffer was dropped and the fence after its last use has passed.

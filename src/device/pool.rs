@@ -4,9 +4,10 @@
 //! Invariant: every device byte the pool holds, cached buffers included, was reserved in the
 //! device's [`Budget`] before the driver was asked, so `live + cached <= limit` at every
 //! instant, from any number of threads. A freed buffer goes back to its class's cache only
-//! through epoch reclamation and after a fence on the device's queue, so no copy or kernel
-//! that used it may still run when it is reused or freed. After warm-up an allocation of a
-//! shape seen before is a cache hit: no driver call, no budget change.
+//! through epoch reclamation and after a fence on the device's queue (one event covers a
+//! batch of frees), so no copy or kernel that used it may still run when it is reused or
+//! freed. After warm-up an allocation of a shape seen before is a cache hit: no driver
+//! call, no budget change.
 
 #![allow(unsafe_code)]
 
@@ -147,18 +148,14 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let device = Arc::clone(&self.device);
         let (ptr, capacity, class, usage) = (self.ptr, self.capacity, self.class, self.usage);
-        // Work queued so far may still use the buffer: fence it now, wait before reuse.
-        let fence = device.backend.fence();
+        // Work queued so far may still use the buffer: wait for it before reuse.
+        let ticket = device.fence_ticket();
         device
             .counters
             .deferred
             .fetch_add(capacity, std::sync::atomic::Ordering::Relaxed);
         crate::reclaim::defer_with(capacity, move || {
-            bump(&device.counters.fences_before_free, 1);
-            let passed = match &fence {
-                Ok(fence) => device.backend.wait(fence).is_ok(),
-                Err(_) => device.backend.synchronize().is_ok(),
-            };
+            let passed = device.wait_ticket(ticket);
             device.give_back(ptr, capacity, class, usage, passed);
             device
                 .counters
