@@ -79,6 +79,17 @@ impl Mirror {
     /// device buffer now (zeroed on the device, no transfer) and its host copy on first
     /// host access; `HostOnly` takes pinned host memory only.
     pub fn new(device: &Device, len: usize, policy: MirroringPolicy) -> Result<Mirror> {
+        Mirror::make(device, len, policy, true)
+    }
+
+    /// [`Mirror::new`]; `zero_device`: clear the device side (not needed when the host side
+    /// is written next, which makes the device side stale anyway).
+    fn make(
+        device: &Device,
+        len: usize,
+        policy: MirroringPolicy,
+        zero_device: bool,
+    ) -> Result<Mirror> {
         let len = len.max(1);
         let (host, device_side) = match policy {
             MirroringPolicy::HostOnly => {
@@ -86,7 +97,9 @@ impl Mirror {
             }
             _ => {
                 let mut buffer = device.allocate(len)?;
-                device.fill(&mut buffer, 0)?;
+                if zero_device {
+                    device.fill(&mut buffer, 0)?;
+                }
                 (None, Some(buffer))
             }
         };
@@ -104,7 +117,8 @@ impl Mirror {
 
     /// A buffer holding `data`, written on the host (the device side stale until used).
     pub fn from_host(device: &Device, data: &[u8], policy: MirroringPolicy) -> Result<Mirror> {
-        let mut mirror = Mirror::new(device, data.len(), policy)?;
+        // The host write below makes the device side stale: it need not be cleared first.
+        let mut mirror = Mirror::make(device, data.len(), policy, false)?;
         mirror.host_overwrite()?[..data.len()].copy_from_slice(data);
         Ok(mirror)
     }
