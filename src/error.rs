@@ -216,6 +216,8 @@ pub enum HolderKind {
     PoolCache,
     /// Deferred frees waiting for the epoch.
     PendingReclamation,
+    /// Memory of the refusing device, by purpose (tensors, workspaces, mirrors, its cache).
+    Device,
 }
 
 /// One holder of memory, with its bytes.

@@ -53,6 +53,7 @@ impl fmt::Display for MemoryKind {
 
 /// What holds the bytes of a budget when an allocation fails, so the user knows what to free.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Holders {
     /// Bytes of workspace buffers and their spills.
     pub workspaces: usize,

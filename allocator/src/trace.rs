@@ -702,6 +702,30 @@ pub fn refused(pool: usize, held: usize, error: &AllocError) {
     }
 }
 
+/// A device pool refused an allocation at its limit: records an [`EventKind::Oom`] event
+/// (space [`Space::Device`], named `device n`) and calls the observer. Cold.
+#[cold]
+pub fn refused_device(ordinal: u32, held: usize, error: &AllocError) {
+    if is_on() {
+        let requested = match error {
+            AllocError::OutOfMemory { requested, .. } => *requested,
+            _ => 0,
+        };
+        let name = intern(Space::Device, &format!("device {ordinal}"));
+        record_on(
+            EventKind::Oom,
+            Space::Device,
+            name,
+            requested as u64,
+            held as u64,
+        );
+    }
+    let observer = *OOM_OBSERVER.read().unwrap_or_else(PoisonError::into_inner);
+    if let Some(observer) = observer {
+        observer(error);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

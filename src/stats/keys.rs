@@ -24,6 +24,9 @@
 //! | `ndmem.workspaces.buffer_bytes` / `.spilled_bytes` | sums over every workspace |
 //! | `ndmem.scopes.bytes` | bytes owned by every scope |
 //! | `ndmem.reclaim.pending_bytes` | deferred frees waiting |
+//! | `ndmem.device.<sim\|cuda>:<n>.allocated_bytes.*` | a device's live bytes, peak, bytes ever handed out and given back |
+//! | `ndmem.device.<id>.reserved_bytes.{current,peak}` | its bytes held against its limit (live + cached) |
+//! | `ndmem.device.<id>.{num_device_alloc,num_device_free,transfers}` | its driver allocations and frees, host-device copies |
 //!
 //! Left out: `allocation.all.peak` and `segment.all.peak` (ndmem keeps no peak count),
 //! `reserved_bytes.all.allocated`/`.freed` (the pool counts OS calls, not their bytes),
@@ -32,8 +35,8 @@
 
 use super::{Snapshot, Stat};
 
-/// Every key [`Snapshot::pytorch_keys`] can give, in its order (pool keys are present only
-/// when the snapshot has a pool).
+/// Every key [`Snapshot::pytorch_keys`] gives, in its order (pool keys are present only
+/// when the snapshot has a pool), before the per-device `ndmem.device.*` keys.
 pub const PYTORCH_KEYS: &[&str] = &[
     "allocated_bytes.all.current",
     "allocated_bytes.all.peak",
@@ -97,8 +100,10 @@ impl Snapshot {
                 "inactive_split_bytes.all.current".into(),
                 pool.stats.cached_bytes as u64,
             ));
-            stat(&mut out, "allocation.all", &c.count);
-            stat(&mut out, "active.all", &c.count);
+            if let Some(count) = &c.count {
+                stat(&mut out, "allocation.all", count);
+                stat(&mut out, "active.all", count);
+            }
             let segment = Stat {
                 current: c.os_allocations.saturating_sub(c.os_frees),
                 peak: None,
@@ -128,6 +133,27 @@ impl Snapshot {
             "ndmem.reclaim.pending_bytes".into(),
             self.reclamation.pending_bytes as u64,
         ));
+        for d in &self.devices {
+            let prefix = format!("ndmem.device.{}", d.id);
+            stat(
+                &mut out,
+                &format!("{prefix}.allocated_bytes"),
+                &d.counters.bytes,
+            );
+            out.push((
+                format!("{prefix}.reserved_bytes.current"),
+                d.counters.reserved.current,
+            ));
+            if let Some(peak) = d.counters.reserved.peak {
+                out.push((format!("{prefix}.reserved_bytes.peak"), peak));
+            }
+            out.push((
+                format!("{prefix}.num_device_alloc"),
+                d.counters.os_allocations,
+            ));
+            out.push((format!("{prefix}.num_device_free"), d.counters.os_frees));
+            out.push((format!("{prefix}.transfers"), d.stats.transfers()));
+        }
         out
     }
 }

@@ -1,5 +1,5 @@
 //! One statistics snapshot of the whole process (semantics §7): the heap, the pools, every
-//! thread's workspaces, the scope tree, devices and pending reclamation; the
+//! thread's workspaces, the scope tree, every open device and pending reclamation; the
 //! PyTorch-style counters of each budget and their flat view under PyTorch's key names;
 //! one peak reset for all; the printed summary; the out-of-memory report and its hook.
 //!
@@ -35,6 +35,7 @@ use std::sync::{Mutex, PoisonError, RwLock};
 
 use ndmem_alloc::{heap, HeapStats, Pool, PoolStats};
 
+use crate::device::{open_devices, Device, DeviceStats};
 use crate::memory::owner::Owner;
 use crate::memory::MemorySource;
 use crate::workspace::{all_workspaces, WorkspaceStats};
@@ -65,8 +66,8 @@ pub struct Stat {
 pub struct BudgetCounters {
     /// Bytes live (handed out and not given back).
     pub bytes: Stat,
-    /// Live allocations, counted.
-    pub count: Stat,
+    /// Live allocations, counted (`None` where they are not counted: devices).
+    pub count: Option<Stat>,
     /// Bytes held against the limit (for a pool: live plus cached), current and peak.
     pub reserved: Stat,
     /// Allocations retried after relieving pressure at a limit (process-wide for pools).
@@ -91,12 +92,12 @@ impl BudgetCounters {
                 allocated: s.total_allocated_bytes,
                 freed: s.total_freed_bytes,
             },
-            count: Stat {
+            count: Some(Stat {
                 current: s.allocations.saturating_sub(s.deallocations),
                 peak: None,
                 allocated: s.allocations,
                 freed: s.deallocations,
-            },
+            }),
             reserved: Stat {
                 current: s.used_bytes as u64,
                 peak: Some(s.peak_used_bytes as u64),
@@ -120,12 +121,12 @@ impl BudgetCounters {
                 allocated: s.total_allocated_bytes,
                 freed: s.total_freed_bytes,
             },
-            count: Stat {
+            count: Some(Stat {
                 current: s.allocations.saturating_sub(s.deallocations),
                 peak: None,
                 allocated: s.allocations,
                 freed: s.deallocations,
-            },
+            }),
             reserved: Stat {
                 current: s.reserved_bytes as u64,
                 peak: None,
@@ -190,15 +191,55 @@ pub struct ScopeSnapshot {
     pub closed: bool,
 }
 
-/// One device in a [`Snapshot`]. There is no device layer yet (semantics §5): every
-/// snapshot's device list is empty.
+/// One device in a [`Snapshot`] (semantics §5): every device opened and still alive,
+/// simulated or CUDA.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceSnapshot {
+    /// `sim:n` or `cuda:n`.
+    pub id: String,
+    /// The device's name (the GPU's, or `simulated device`).
+    pub name: String,
     /// Device ordinal.
     pub ordinal: u32,
-    /// Its counters.
+    /// Its figures.
+    pub stats: DeviceStats,
+    /// Its counters: bytes live (capacities), held against its limit (live + cached),
+    /// driver allocations and frees; allocations are not counted (`count` is `None`).
     pub counters: BudgetCounters,
+}
+
+impl DeviceSnapshot {
+    fn of(device: &Device) -> DeviceSnapshot {
+        let stats = device.stats();
+        let live = device.inner.counters.live.read();
+        DeviceSnapshot {
+            id: format!("{}:{}", device.kind(), device.ordinal()),
+            name: device.name(),
+            ordinal: device.ordinal(),
+            counters: BudgetCounters {
+                bytes: Stat {
+                    current: live.value as u64,
+                    peak: Some(live.peak as u64),
+                    allocated: live.total,
+                    freed: live.total.saturating_sub(live.value as u64),
+                },
+                count: None,
+                reserved: Stat {
+                    current: stats.used_bytes as u64,
+                    peak: Some(device.inner.pool.budget.peak() as u64),
+                    allocated: 0,
+                    freed: 0,
+                },
+                num_alloc_retries: 0,
+                num_ooms: 0,
+                os_allocations: stats.driver_allocations,
+                os_frees: stats.driver_frees,
+                limit: stats.limit,
+            },
+            stats,
+        }
+    }
 }
 
 /// Deferred frees waiting for the epoch (semantics §6).
@@ -236,7 +277,7 @@ pub struct Snapshot {
     pub workspaces: Vec<WorkspaceEntry>,
     /// The scope tree, depth first from the root.
     pub scopes: Vec<ScopeSnapshot>,
-    /// Devices: always empty until the device layer exists (semantics §5).
+    /// Every device opened and still alive (semantics §5).
     pub devices: Vec<DeviceSnapshot>,
     /// Pending deferred frees.
     pub reclamation: Reclamation,
@@ -328,7 +369,7 @@ fn take(pools: Vec<(String, &'static Pool)>) -> Snapshot {
             .map(|(thread, stats)| WorkspaceEntry { thread, stats })
             .collect(),
         scopes: scopes(),
-        devices: Vec::new(),
+        devices: open_devices().iter().map(DeviceSnapshot::of).collect(),
         reclamation: Reclamation {
             pending_bytes: crate::reclaim::pending_bytes(),
         },
@@ -375,7 +416,8 @@ pub(crate) fn scopes_with_source() -> Vec<(ScopeSnapshot, MemorySource)> {
 }
 
 /// Restarts every peak from its current figure at once: the heap's, the global and
-/// registered pools' (live and used), and the scopes' observed peaks. Pools of their own
+/// registered pools' (live and used), every open device's (live and used), and the
+/// scopes' observed peaks. Pools of their own
 /// that are not registered: call [`Pool::reset_peak`] on them, or use [`reset_peak_of`].
 ///
 /// PyTorch: `torch.cuda.reset_peak_memory_stats()`.
@@ -383,6 +425,10 @@ pub fn reset_peak() {
     heap::reset_peak();
     for (_, pool) in default_pools() {
         pool.reset_peak();
+    }
+    for device in open_devices() {
+        device.inner.counters.live.reset_peak();
+        device.inner.pool.budget.reset_peak();
     }
     reset_scope_peaks(|_| true);
 }

@@ -43,6 +43,14 @@ impl From<AllocError> for Error {
 }
 
 fn build(error: AllocError) -> OomReport {
+    if let AllocError::OutOfMemory {
+        kind: MemoryKind::Device(n),
+        holders,
+        ..
+    } = &error
+    {
+        return device_report(*n, *holders, error.clone());
+    }
     let workspaces = all_workspaces_with_source();
     let scopes = scopes_with_source();
     let pool = refusing_pool(&error, &workspaces, &scopes);
@@ -136,6 +144,51 @@ fn build(error: AllocError) -> OomReport {
         error,
         holders,
         fragmentation_bytes: cached + idle_buffers,
+        advice,
+    }
+}
+
+/// The report of a device's refusal: its own holders, by purpose (semantics §5, §7).
+fn device_report(ordinal: u32, by_use: ndmem_alloc::Holders, error: AllocError) -> OomReport {
+    let mut holders: Vec<Holder> = [
+        ("tensors", by_use.tensors),
+        ("workspaces", by_use.workspaces),
+        ("mirrors", by_use.mirrors),
+        ("other", by_use.other),
+        ("cache", by_use.cached),
+    ]
+    .into_iter()
+    .filter(|(_, bytes)| *bytes > 0)
+    .map(|(what, bytes)| Holder {
+        kind: HolderKind::Device,
+        name: format!("device {ordinal} {what}"),
+        bytes,
+        detail: if what == "cache" {
+            "freed device buffers kept for reuse".into()
+        } else {
+            format!("live device {what}")
+        },
+    })
+    .collect();
+    holders.sort_by_key(|h| std::cmp::Reverse(h.bytes));
+    let mut advice = vec![limit_advice(&error, None)];
+    if by_use.cached > 0 {
+        advice.push(format!(
+            "call trim() on the device to give the {} of cached buffers back to the driver",
+            ByteSize(by_use.cached)
+        ));
+    }
+    let pending = crate::reclaim::pending_bytes();
+    if pending > 0 {
+        advice.push(format!(
+            "reclaim::collect() frees the {} waiting (a thread pinned too long holds it back)",
+            ByteSize(pending)
+        ));
+    }
+    OomReport {
+        error,
+        holders,
+        fragmentation_bytes: by_use.cached,
         advice,
     }
 }

@@ -96,9 +96,9 @@ impl fmt::Display for BudgetCounters {
         write!(
             f,
             "  allocations {} live ({} ever, {} freed), OS calls {}/{}, retries {}, OOMs {}, limit {}",
-            self.count.current,
-            self.count.allocated,
-            self.count.freed,
+            self.count.map_or(0, |c| c.current),
+            self.count.map_or(0, |c| c.allocated),
+            self.count.map_or(0, |c| c.freed),
             self.os_allocations,
             self.os_frees,
             self.num_alloc_retries,
@@ -177,11 +177,9 @@ impl fmt::Display for Snapshot {
         )?;
         writeln!(f, "{RULE}")?;
         row(f, "heap bytes", byte_cells(&self.heap_counters.bytes))?;
-        row(
-            f,
-            "heap allocations",
-            count_cells(&self.heap_counters.count),
-        )?;
+        if let Some(count) = &self.heap_counters.count {
+            row(f, "heap allocations", count_cells(count))?;
+        }
         for pool in &self.pools {
             let c = &pool.counters;
             row(
@@ -199,10 +197,26 @@ impl fmt::Display for Snapshot {
                     "-".into(),
                 ],
             )?;
+            if let Some(count) = &c.count {
+                row(
+                    f,
+                    &format!("pool [{}] blocks", pool.name),
+                    count_cells(count),
+                )?;
+            }
+        }
+        for d in &self.devices {
+            let c = &d.counters;
+            row(f, &format!("device [{}] live", d.id), byte_cells(&c.bytes))?;
             row(
                 f,
-                &format!("pool [{}] blocks", pool.name),
-                count_cells(&c.count),
+                &format!("device [{}] live+cached", d.id),
+                [
+                    bytes(c.reserved.current),
+                    c.reserved.peak.map_or_else(|| "-".into(), bytes),
+                    "-".into(),
+                    "-".into(),
+                ],
             )?;
         }
         writeln!(f, "{RULE}")?;
@@ -217,6 +231,18 @@ impl fmt::Display for Snapshot {
                 pool.counters.os_frees,
                 pool.counters.num_alloc_retries,
                 pool.counters.num_ooms
+            ));
+        }
+        for d in &self.devices {
+            limits.push_str(&format!(
+                "; [{}] {} (cached {}, driver calls {}/{}, transfers {}, pinned {})",
+                d.id,
+                limit(d.stats.limit),
+                ByteSize(d.stats.cached_bytes),
+                d.stats.driver_allocations,
+                d.stats.driver_frees,
+                d.stats.transfers(),
+                ByteSize(d.stats.pinned_bytes)
             ));
         }
         for chunk in wrap(&limits, 83) {
@@ -259,7 +285,7 @@ impl fmt::Display for Snapshot {
                 "{}; devices: {}; trace: {}",
                 self.reclamation,
                 if self.devices.is_empty() {
-                    "none (no device layer)".to_string()
+                    "none open".to_string()
                 } else {
                     self.devices.len().to_string()
                 },

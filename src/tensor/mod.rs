@@ -12,6 +12,7 @@
 //! [`crate::workspace`] and [`crate::reclaim`]; of scopes it sees only their ownership
 //! records, never the `Scope` handle.
 
+mod device;
 mod dtype;
 mod ops;
 pub(crate) mod storage;
