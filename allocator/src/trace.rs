@@ -55,7 +55,7 @@ pub enum EventKind {
     Reallocate,
     /// An allocation was refused at a limit (bytes: the request).
     Oom,
-    /// A copy between host and device (reserved for the device layer; not recorded yet).
+    /// A copy between host and device, or on a device (bytes: the copy's).
     Transfer,
 }
 
@@ -414,6 +414,27 @@ fn new_pool_name(address: usize) -> NameId {
     id
 }
 
+/// Name ids of devices by ordinal (`id + 1`; 0: not yet interned).
+static DEVICE_IDS: [AtomicU32; POOL_SLOTS] = [const { AtomicU32::new(0) }; POOL_SLOTS];
+
+/// Records an event of device `ordinal` (named `device n`): a transfer, a refusal. The
+/// name is interned on the device's first event (ordinals from 64 share one name).
+#[inline]
+pub fn record_device(kind: EventKind, ordinal: u32, bytes: usize, value: usize) {
+    if is_on() {
+        let slot = &DEVICE_IDS[(ordinal as usize).min(POOL_SLOTS - 1)];
+        let name = match slot.load(Ordering::Relaxed) {
+            0 => {
+                let id = intern(Space::Device, &format!("device {ordinal}"));
+                slot.store(id.0 + 1, Ordering::Relaxed);
+                id
+            }
+            id => NameId(id - 1),
+        };
+        record_on(kind, Space::Device, name, bytes as u64, value as u64);
+    }
+}
+
 /// Interns `name` for `space` (once: the same pair gives the same id). Allocates: call it
 /// where a workspace, scope or pool is made, not per event.
 pub fn intern(space: Space, name: &str) -> NameId {
@@ -706,20 +727,11 @@ pub fn refused(pool: usize, held: usize, error: &AllocError) {
 /// (space [`Space::Device`], named `device n`) and calls the observer. Cold.
 #[cold]
 pub fn refused_device(ordinal: u32, held: usize, error: &AllocError) {
-    if is_on() {
-        let requested = match error {
-            AllocError::OutOfMemory { requested, .. } => *requested,
-            _ => 0,
-        };
-        let name = intern(Space::Device, &format!("device {ordinal}"));
-        record_on(
-            EventKind::Oom,
-            Space::Device,
-            name,
-            requested as u64,
-            held as u64,
-        );
-    }
+    let requested = match error {
+        AllocError::OutOfMemory { requested, .. } => *requested,
+        _ => 0,
+    };
+    record_device(EventKind::Oom, ordinal, requested, held);
     let observer = *OOM_OBSERVER.read().unwrap_or_else(PoisonError::into_inner);
     if let Some(observer) = observer {
         observer(error);

@@ -10,6 +10,8 @@
 
 use std::sync::PoisonError;
 
+use ndmem_alloc::trace::{self, EventKind};
+
 use super::pinned::PinnedBuffer;
 use super::stats::bump;
 use super::{misuse, BackendKind, Device, DeviceMemory, DeviceMemoryMut};
@@ -55,6 +57,7 @@ impl Device {
         self.staged_htod(src, dst.device_ptr())?;
         bump(&self.inner.counters.htod, 1);
         bump(&self.inner.counters.htod_bytes, src.len() as u64);
+        trace::record_device(EventKind::Transfer, self.inner.ordinal, src.len(), 0);
         Ok(())
     }
 
@@ -66,6 +69,7 @@ impl Device {
         self.staged_dtoh(src.device_ptr(), dst)?;
         bump(&self.inner.counters.dtoh, 1);
         bump(&self.inner.counters.dtoh_bytes, dst.len() as u64);
+        trace::record_device(EventKind::Transfer, self.inner.ordinal, dst.len(), 0);
         Ok(())
     }
 
@@ -87,6 +91,7 @@ impl Device {
         };
         bump(&self.inner.counters.htod, 1);
         bump(&self.inner.counters.htod_bytes, src.len() as u64);
+        trace::record_device(EventKind::Transfer, self.inner.ordinal, src.len(), 0);
         Ok(())
     }
 
@@ -108,6 +113,7 @@ impl Device {
         };
         bump(&self.inner.counters.dtoh, 1);
         bump(&self.inner.counters.dtoh_bytes, dst.len() as u64);
+        trace::record_device(EventKind::Transfer, self.inner.ordinal, dst.len(), 0);
         Ok(())
     }
 
@@ -129,6 +135,7 @@ impl Device {
         };
         bump(&self.inner.counters.dtod, 1);
         bump(&self.inner.counters.dtod_bytes, src.len() as u64);
+        trace::record_device(EventKind::Transfer, self.inner.ordinal, src.len(), 0);
         Ok(())
     }
 

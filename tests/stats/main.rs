@@ -541,7 +541,7 @@ fn devices_join_the_snapshot_and_their_refusals_the_timeline() {
             .limit(DeviceLimit::Bytes(1 << 20)),
     )
     .unwrap();
-    let held = gpu.allocate(300 << 10).unwrap();
+    let mut held = gpu.allocate(300 << 10).unwrap();
     let snap = stats::snapshot();
     let d = snap
         .devices
@@ -562,14 +562,22 @@ fn devices_join_the_snapshot_and_their_refusals_the_timeline() {
 
     let _lock = trace_lock();
     trace::start(64);
+    gpu.upload(&[7u8; 1024], &mut held).unwrap();
     let err = gpu.allocate(900 << 10).unwrap_err();
     trace::stop();
     assert!(err.to_string().contains("[DEVICE 7]"), "{err}");
     assert!(DEVICE_OOMS.load(Ordering::Relaxed) >= 1, "the hook ran");
     let mine = my_events();
-    assert!(
-        mine.iter()
-            .any(|(k, s, _)| *k == EventKind::Oom && *s == Space::Device),
+    let device_events: Vec<_> = mine
+        .iter()
+        .filter(|(_, s, _)| *s == Space::Device)
+        .collect();
+    assert_eq!(
+        device_events,
+        [
+            &(EventKind::Transfer, Space::Device, 1024),
+            &(EventKind::Oom, Space::Device, 1 << 20)
+        ],
         "{mine:?}"
     );
     drop(held);
