@@ -2,7 +2,7 @@
 //! reading it, telling it from a training report by its content, a short text summary,
 //! and its SVG: the memory of each budget over time (each pool's bytes held against its
 //! limit, each workspace's buffer), with cycle ends and spills marked and refusals
-//! flagged.
+//! flagged, device transfers marked.
 //!
 //! Invariant: the picture is a function of the file alone, and it draws only what the
 //! events say: a budget's line joins the figures its own events carried.
@@ -130,7 +130,6 @@ impl Trace {
                 (e.space.as_str(), e.kind.as_str()),
                 ("pool", "alloc" | "free" | "oom")
                     | ("workspace", "cycle_end" | "learn" | "reallocate")
-                    | ("device", _)
             );
             if budget {
                 lines.entry(self.label(e)).or_default().push(point);
@@ -194,10 +193,11 @@ fn draw(trace: &Trace, svg: &mut String) -> Result<(), Box<dyn std::error::Error
     let root = SVGBackend::with_string(svg, (1200, 600)).into_drawing_area();
     root.fill(&WHITE)?;
     let lines = trace.lines();
-    let (cycles, spills, ooms) = (
+    let (cycles, spills, ooms, transfers) = (
         trace.marks("cycle_end"),
         trace.marks("spill"),
         trace.marks("oom"),
+        trace.marks("transfer"),
     );
     let end = trace.events.last().map_or(1.0, |e| e.time_ns as f64 / 1e6);
     let end = if end > 0.0 { end } else { 1.0 };
@@ -267,6 +267,17 @@ fn draw(trace: &Trace, svg: &mut String) -> Result<(), Box<dyn std::error::Error
             .label("spill")
             .legend(move |(x, y)| Cross::new((x + 11, y), 4, orange));
     }
+    let blue = RGBColor(86, 180, 233);
+    if !transfers.is_empty() {
+        chart
+            .draw_series(
+                transfers
+                    .iter()
+                    .map(|(t, _)| TriangleMarker::new((*t, high * 0.09), 4, blue)),
+            )?
+            .label("device transfer")
+            .legend(move |(x, y)| TriangleMarker::new((x + 11, y), 4, blue));
+    }
     if !ooms.is_empty() {
         chart
             .draw_series(ooms.iter().map(|p| {
@@ -301,6 +312,7 @@ mod tests {
                 ("spill", "workspace", 1, 256),
                 ("cycle_end", "workspace", 1, 1024),
                 ("free", "pool", 0, 4096 * cycle),
+                ("transfer", "device", 2, 0),
             ] {
                 t += 1000;
                 events.push(format!(
@@ -315,7 +327,7 @@ mod tests {
             t + 500
         ));
         format!(
-            r#"{{"format":"ndmem-trace","version":1,"capacity":1024,"dropped":0,"names":[{{"space":"pool","name":"global pool"}},{{"space":"workspace","name":"LOOP"}}],"events":[{}]}}"#,
+            r#"{{"format":"ndmem-trace","version":1,"capacity":1024,"dropped":0,"names":[{{"space":"pool","name":"global pool"}},{{"space":"workspace","name":"LOOP"}},{{"space":"device","name":"device 0"}}],"events":[{}]}}"#,
             events.join(",")
         )
     }
@@ -345,10 +357,11 @@ mod tests {
             "cycle end",
             "spill",
             "OOM",
+            "device transfer",
         ] {
             assert!(all.contains(wanted), "{wanted} missing from {all}");
         }
-        assert!(all.contains("21 events (0 dropped)"), "{all}");
+        assert!(all.contains("26 events (0 dropped)"), "{all}");
         let summary = trace.summary();
         assert!(summary.contains("OOM at"), "{summary}");
         assert!(summary.contains("cycle_end 5"), "{summary}");
