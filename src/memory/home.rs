@@ -26,7 +26,7 @@ use crate::error::Error;
 use crate::memory::handoff::{Handoff, ViewEntry};
 use crate::memory::MemorySource;
 use crate::reclaim::{self, Pin};
-use crate::workspace::{Stamp, ViewPin, WorkspaceMemory};
+use crate::workspace::{Stamp, StampProbe, ViewPin, WorkspaceMemory};
 
 /// Where one tensor's bytes live (views of a tensor share its home).
 pub(crate) enum Home {
@@ -104,6 +104,14 @@ impl Home {
         match self {
             Home::Workspace(slot) => slot.stamp.is_valid(),
             Home::Pool(block) => !block.handoff.is_freed(),
+        }
+    }
+
+    /// This home's validity check, to keep beside a handle to it (see [`Probe`]).
+    pub(crate) fn probe(&self) -> Probe {
+        match self {
+            Home::Workspace(slot) => Probe::Workspace(slot.stamp.probe()),
+            Home::Pool(block) => Probe::Pool(NonNull::from(&block.handoff)),
         }
     }
 
@@ -294,6 +302,38 @@ impl fmt::Debug for Home {
                 .field("len", &block.len)
                 .field("freed", &block.handoff.is_freed())
                 .finish(),
+        }
+    }
+}
+
+/// [`Home::is_live`] without going through the home: the address of the word the check
+/// loads (a pool block's hand-off, a workspace's state word) and what to compare it with.
+/// Kept beside a handle to the home, it saves the load of the home's own fields (for
+/// workspace memory, the stamp's `Arc`), so every kind of memory is checked with one load
+/// of the handle and one of the word.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Probe {
+    /// A pool block's hand-off word: live while not freed.
+    Pool(NonNull<Handoff>),
+    /// A workspace stamp's check.
+    Workspace(StampProbe),
+}
+
+impl Probe {
+    /// [`Home::is_live`] of the home this probe was made from.
+    ///
+    /// # Safety
+    /// That home is alive and has not moved since [`Home::probe`] (it sits in a shared
+    /// header the caller holds a reference to).
+    #[inline(always)]
+    pub(crate) unsafe fn is_live(&self) -> bool {
+        match self {
+            // SAFETY: the home, and the hand-off in it, live where they were (the caller's
+            // contract).
+            Probe::Pool(handoff) => !unsafe { handoff.as_ref() }.is_freed(),
+            // SAFETY: the home holds the stamp the probe was made from (the caller's
+            // contract), and so the workspace state its word lives in.
+            Probe::Workspace(stamp) => unsafe { stamp.is_valid() },
         }
     }
 }

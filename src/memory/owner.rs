@@ -15,12 +15,15 @@
 
 #![allow(unsafe_code)]
 
+use std::cell::RefCell;
 use std::fmt::{self, Write as _};
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use crate::error::{Error, Result};
-use crate::memory::home::{Home, ViewHold};
+use crate::memory::home::{Home, Probe, ViewHold};
 use crate::memory::MemorySource;
 use crate::reclaim::Pin;
 use crate::workspace::Stamp;
@@ -47,7 +50,8 @@ fn ownership_lock() -> MutexGuard<'static, ()> {
 
 /// A tensor's memory and its ownership record (views of a tensor share one).
 pub(crate) struct Owned {
-    home: Home,
+    /// `None` only in a spare header (see [`Handle`]), which nothing but its list sees.
+    home: Option<Home>,
     /// References owners hold (in their owned or borrowed lists); changed only under the
     /// ownership lock. `Arc::strong_count` minus this is the number of tensor handles.
     owner_refs: AtomicUsize,
@@ -59,7 +63,7 @@ impl Owned {
     /// Memory owned by its handles.
     pub(crate) fn new(home: Home) -> Owned {
         Owned {
-            home,
+            home: Some(home),
             owner_refs: AtomicUsize::new(0),
             owner: Mutex::new(None),
         }
@@ -67,19 +71,25 @@ impl Owned {
 
     /// Where the bytes live, exclusively: the memory is not shared yet.
     pub(crate) fn home_mut(&mut self) -> &mut Home {
-        &mut self.home
+        self.home.as_mut().expect("a header in use holds a home")
+    }
+
+    /// Where the bytes live.
+    #[inline(always)]
+    fn home(&self) -> &Home {
+        self.home.as_ref().expect("a header in use holds a home")
     }
 
     /// Bytes of the memory.
     pub(crate) fn len(&self) -> usize {
-        self.home.len()
+        self.home().len()
     }
 
     /// The validity check (semantics §3, §4): one atomic load, plus a thread-token compare
     /// for workspace memory.
     #[inline(always)]
     pub(crate) fn is_live(&self) -> bool {
-        self.home.is_live()
+        self.home().is_live()
     }
 
     /// [`Owned::is_live`], with the error naming `op`, `arg` and the owner when not.
@@ -95,7 +105,7 @@ impl Owned {
     #[cold]
     #[inline(never)]
     fn refusal(&self, op: &str, arg: &str) -> Error {
-        self.home.refusal(op, arg, || self.owner_name())
+        self.home().refusal(op, arg, || self.owner_name())
     }
 
     fn owner_name(&self) -> String {
@@ -106,7 +116,7 @@ impl Owned {
     /// The bytes, after the validity check, for as long as `pin` holds the epoch.
     #[inline]
     pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, pin: &'a Pin) -> Result<&'a [u8]> {
-        match self.home.read(pin) {
+        match self.home().read(pin) {
             Some(bytes) => Ok(bytes),
             None => Err(self.refusal(op, arg)),
         }
@@ -114,7 +124,7 @@ impl Owned {
 
     /// The bytes for a borrowed view, checked, kept alive until the hold drops.
     pub(crate) fn hold_for_view(&self, op: &str, arg: &str) -> Result<(ViewHold<'_>, &[u8])> {
-        self.home
+        self.home()
             .hold_for_view()
             .ok_or_else(|| self.refusal(op, arg))
     }
@@ -124,10 +134,11 @@ impl Owned {
     /// exactly (`owner_refs`, read under the ownership lock, which every change to it
     /// holds) and never read or write data, so they do not count as handles.
     pub(crate) fn write_exclusive<'a>(
-        this: &'a mut Arc<Owned>,
+        handle: &'a mut Handle,
         op: &str,
         pin: &'a Pin,
     ) -> Result<&'a mut [u8]> {
+        let this: &'a mut Arc<Owned> = &mut handle.owned;
         this.check(op, "X")?;
         if Arc::strong_count(this) != 1 {
             // Other references: owners' or other handles'. Nothing can add a handle while
@@ -150,23 +161,23 @@ impl Owned {
         // SAFETY: no other tensor handle exists (counted above), and `&mut` to the only
         // tensor-side `Arc` for `'a` excludes every other reader or writer, including
         // views, which borrow a handle. Owners' references never touch the bytes.
-        let bytes = unsafe { this.home.write_unshared(pin) };
+        let bytes = unsafe { this.home().write_unshared(pin) };
         bytes.ok_or_else(|| this.refusal(op, "X"))
     }
 
     /// Whether its closed owner freed this memory.
     pub(crate) fn is_freed(&self) -> bool {
-        self.home.is_freed()
+        self.home().is_freed()
     }
 
     /// The workspace stamp, for workspace memory.
     pub(crate) fn stamp(&self) -> Option<&Stamp> {
-        self.home.stamp()
+        self.home().stamp()
     }
 
     /// The source the memory was drawn from (a workspace's for workspace memory).
     pub(crate) fn source(&self) -> MemorySource {
-        self.home.source()
+        self.home().source()
     }
 
     /// The owner, if an owner (not the handles) owns this memory.
@@ -177,7 +188,7 @@ impl Owned {
     /// Records `owner` (the caller holds the ownership lock); returns the previous one.
     /// Workspace memory cannot be owned by a scope.
     fn set_owner(&self, owner: Option<Arc<Owner>>) -> Result<Option<Arc<Owner>>> {
-        if let Some(stamp) = self.home.stamp() {
+        if let Some(stamp) = self.home().stamp() {
             return Err(Error::Scope {
                 scope: owner.map_or_else(|| "?".into(), |o| o.name.clone()),
                 message: format!(
@@ -204,6 +215,127 @@ impl fmt::Debug for Owned {
             .field("home", &self.home)
             .field("owner", &self.owner().map(|o| o.name.clone()))
             .finish()
+    }
+}
+
+/// Spare headers kept per thread (at most this many), so that creating a tensor reuses
+/// the header of one dropped before instead of allocating.
+const SPARE_HEADERS: usize = 256;
+
+thread_local! {
+    /// Headers whose memory was released, each the only reference to its allocation.
+    static SPARE: RefCell<Vec<Arc<Owned>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A tensor handle's reference to its memory: the shared header ([`Owned`] in an `Arc`)
+/// and the header's validity check beside it ([`Probe`]), so checking a tensor loads the
+/// handle and then the checked word, never the header first.
+///
+/// Headers are recycled: when the last handle drops one that nothing else references, its
+/// home is released (as dropping the `Arc` would) and the empty header goes to a
+/// per-thread list of spares, which [`Handle::new`] takes from before it allocates. A
+/// loop that makes and drops the same number of tensors each step allocates no headers
+/// after its first step.
+///
+/// Invariant: `probe` was made from the home in `owned` after the header was filled, and
+/// the header's home is replaced only while this handle's `Arc` is the sole reference
+/// (in [`Handle::new`] and in the drop), so the probe's addresses stay valid while the
+/// handle lives.
+pub(crate) struct Handle {
+    owned: ManuallyDrop<Arc<Owned>>,
+    probe: Probe,
+}
+
+// SAFETY: the probe holds addresses into the header (or the workspace state the header's
+// stamp keeps alive), which the handle's `Arc` keeps alive; it is only read, atomically.
+// `Arc<Owned>` is `Send + Sync`.
+unsafe impl Send for Handle {}
+// SAFETY: as above; `&Handle` only loads through the probe.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    /// Shares `owned` behind a header, a spare one of this thread if there is one.
+    pub(crate) fn new(owned: Owned) -> Handle {
+        let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
+        let owned = match spare {
+            Some(mut header) => match Arc::get_mut(&mut header) {
+                Some(slot) => {
+                    *slot = owned;
+                    header
+                }
+                None => Arc::new(owned),
+            },
+            None => Arc::new(owned),
+        };
+        let probe = owned.home().probe();
+        Handle {
+            owned: ManuallyDrop::new(owned),
+            probe,
+        }
+    }
+
+    /// The validity check (semantics §3, §4): one load of the word the probe names (and a
+    /// thread-token compare for workspace memory).
+    #[inline(always)]
+    pub(crate) fn is_live(&self) -> bool {
+        // SAFETY: the probe was made from the home in this handle's header, which the
+        // handle keeps alive and which is not replaced while it is shared (the invariant).
+        unsafe { self.probe.is_live() }
+    }
+
+    /// The shared header.
+    pub(crate) fn arc(&self) -> &Arc<Owned> {
+        &self.owned
+    }
+}
+
+impl Deref for Handle {
+    type Target = Owned;
+
+    #[inline(always)]
+    fn deref(&self) -> &Owned {
+        &self.owned
+    }
+}
+
+impl Clone for Handle {
+    fn clone(&self) -> Handle {
+        Handle {
+            owned: ManuallyDrop::new(Arc::clone(&self.owned)),
+            probe: self.probe,
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and the field is not used after.
+        let mut header = unsafe { ManuallyDrop::take(&mut self.owned) };
+        if let Some(owned) = Arc::get_mut(&mut header) {
+            // The last reference (no owner holds it): release the memory now, as dropping
+            // the `Arc` would, and keep the empty header for the next tensor.
+            drop(owned.home.take());
+            *owned
+                .owner
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+            *owned.owner_refs.get_mut() = 0;
+            let _ = SPARE.try_with(move |s| {
+                let mut spare = s.borrow_mut();
+                if spare.len() < SPARE_HEADERS {
+                    if spare.capacity() == 0 {
+                        spare.reserve_exact(SPARE_HEADERS);
+                    }
+                    spare.push(header);
+                }
+            });
+        }
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.owned.fmt(f)
     }
 }
 
@@ -541,7 +673,7 @@ impl Owner {
             child.close_locked();
         }
         for held in owned {
-            held.0.home.free();
+            held.0.home().free();
         }
         for (held, origin) in borrowed {
             give_back(held, origin);
@@ -649,7 +781,7 @@ fn give_back(held: Held, origin: Origin) {
         }
         Origin::Owned(_) => {
             drop(held);
-            owned.home.free();
+            owned.home().free();
         }
         Origin::Borrowed(borrower, origin) if !borrower.is_closed() => {
             let _ = owned.set_owner(Some(borrower.clone()));

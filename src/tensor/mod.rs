@@ -24,10 +24,14 @@ pub use dtype::{DType, Element, Float};
 
 use crate::error::{Error, Result};
 use crate::memory::home::ViewHold;
-use crate::memory::owner::{Owned, Owner};
+use crate::memory::owner::{Handle, Owned, Owner};
 use crate::memory::MemorySource;
 use crate::reclaim::{self, Pin};
 use storage::{NewStorage, Placement};
+
+/// A shape or strides: inline up to four axes (every tensor of the common ranks), on the
+/// heap only above.
+pub(crate) type Dims = smallvec::SmallVec<[usize; 4]>;
 
 /// Dispatches on a [`DType`], binding the matching Rust type to `$t` inside `$body`.
 macro_rules! with_dtype {
@@ -73,11 +77,12 @@ pub(crate) use with_dtype;
 /// ```
 #[derive(Clone)]
 pub struct Tensor {
-    storage: Arc<Owned>,
+    /// The shared memory header and its validity check.
+    storage: Handle,
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Dims,
     /// Strides in elements (never negative; 0 for broadcast axes).
-    strides: Vec<usize>,
+    strides: Dims,
     /// Offset of the first element, in elements.
     offset: usize,
 }
@@ -173,8 +178,8 @@ fn element_count(op: &str, shape: &[usize], elem_size: usize) -> Result<usize> {
 
 /// Row-major strides of `shape`, or a shape error if they overflow (they cannot for a
 /// shape [`element_count`] accepted).
-fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Vec<usize>> {
-    let mut strides = vec![0; shape.len()];
+fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Dims> {
+    let mut strides = Dims::from_elem(0, shape.len());
     let mut step = 1usize;
     for (stride, dim) in strides.iter_mut().zip(shape).rev() {
         *stride = step;
@@ -372,7 +377,7 @@ impl Tensor {
         Ok(Tensor {
             storage: storage.share(op)?,
             dtype: T::DTYPE,
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             offset: 0,
         })
@@ -426,12 +431,12 @@ impl Tensor {
 
     /// The memory and its ownership record (for scopes).
     pub(crate) fn storage(&self) -> &Arc<Owned> {
-        &self.storage
+        self.storage.arc()
     }
 
     /// Whether two tensors share memory (one is a view of the other, or both of a base).
     pub fn shares_storage(&self, other: &Tensor) -> bool {
-        Arc::ptr_eq(&self.storage, &other.storage)
+        Arc::ptr_eq(self.storage.arc(), other.storage.arc())
     }
 
     // ---- read-out ------------------------------------------------------------------
@@ -553,7 +558,7 @@ impl Tensor {
 
     /// A contiguous copy placed by the allocation flow (ND4J `dup`).
     pub fn copy(&self) -> Result<Tensor> {
-        self.copy_to("copy", Placement::Auto(Some(&self.storage)))
+        self.copy_to("copy", Placement::Auto(Some(&*self.storage)))
     }
 
     /// Where pool copies of this tensor go: the source its bytes came from.

@@ -10,15 +10,15 @@ use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
 
 use super::dtype::sealed::Sealed;
 use super::storage::Placement;
-use super::{contiguous_strides, element_count, with_dtype, DType, Element, Float, Tensor};
+use super::{contiguous_strides, element_count, with_dtype, DType, Dims, Element, Float, Tensor};
 use crate::error::{Error, Result};
 use crate::memory::owner::Owned;
 use crate::reclaim;
 
 /// The shape two shapes broadcast to (NumPy rules), or a shape error naming both.
-fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
     let n = a.len().max(b.len());
-    let mut out = vec![0; n];
+    let mut out = Dims::from_elem(0, n);
     for (i, slot) in out.iter_mut().enumerate() {
         let da = if i + a.len() >= n {
             a[i + a.len() - n]
@@ -44,6 +44,12 @@ fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     }
     Ok(out)
 }
+
+/// Float products of at most this many multiply-adds (`m * k * n`) run ndmem's own
+/// row-by-row kernel, which allocates nothing; larger ones run matrixmultiply (through
+/// ndarray's `general_mat_mul`), whose packing buffer is one heap allocation per call.
+/// The choice depends only on the shapes, so results never depend on placement.
+const SMALL_MATMUL: usize = 64 * 64 * 64;
 
 fn float_only(op: &str, dtype: DType) -> Error {
     Error::DType {
@@ -103,7 +109,7 @@ impl Tensor {
         Tensor::build::<T>(
             op,
             &shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 let dim = out.raw_dim();
                 Zip::from(&mut out)
@@ -122,7 +128,7 @@ impl Tensor {
         Tensor::build::<U>(
             op,
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(&mut out).and(&x).for_each(|o, &a| *o = f(a));
                 Ok(())
@@ -289,7 +295,7 @@ impl Tensor {
         match axis {
             None => {
                 let value = reduce_lane(x.view());
-                Tensor::build::<T>(op, &[], Placement::Auto(Some(&self.storage)), |mut out| {
+                Tensor::build::<T>(op, &[], Placement::Auto(Some(&*self.storage)), |mut out| {
                     out.fill(value);
                     Ok(())
                 })
@@ -300,7 +306,7 @@ impl Tensor {
                 Tensor::build::<T>(
                     op,
                     &shape,
-                    Placement::Auto(Some(&self.storage)),
+                    Placement::Auto(Some(&*self.storage)),
                     |mut out| {
                         Zip::from(&mut out)
                             .and(x.lanes(Axis(axis)))
@@ -330,7 +336,7 @@ impl Tensor {
         with_dtype!(self.dtype, T => {
             let pin = reclaim::pin();
             let x = self.array::<T>("argmax", "X", &pin)?;
-            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&self.storage)), |mut out| {
+            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&*self.storage)), |mut out| {
                 Zip::from(&mut out).and(x.lanes(Axis(axis))).for_each(|o, lane| {
                     let mut best = 0;
                     for (i, v) in lane.iter().enumerate() {
@@ -361,7 +367,7 @@ impl Tensor {
         Tensor::build::<T>(
             "softmax",
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
@@ -396,7 +402,7 @@ impl Tensor {
         Tensor::build::<T>(
             "log_softmax",
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
@@ -415,8 +421,9 @@ impl Tensor {
         )
     }
 
-    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): floats by
-    /// matrixmultiply (ndarray's `general_mat_mul`), integers by a wrapping dot product.
+    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): large float
+    /// products by matrixmultiply (ndarray's `general_mat_mul`), small ones and integers
+    /// (wrapping) by a row-by-row kernel that allocates nothing.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.same_dtype("matmul", other)?;
         if self.ndim() != 2 || other.ndim() != 2 || self.shape[1] != other.shape[0] {
@@ -439,23 +446,31 @@ impl Tensor {
         Tensor::build::<T>(
             "matmul",
             &shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |out| {
                 let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
                     op: "matmul".into(),
                     message: format!("output is not 2-d: {e}"),
                 })?;
-                if T::DTYPE.is_float() {
+                let products = shape[0]
+                    .saturating_mul(self.shape[1])
+                    .saturating_mul(shape[1]);
+                if T::DTYPE.is_float() && products > SMALL_MATMUL {
+                    // Packs through a buffer matrixmultiply allocates per call: one heap
+                    // allocation, over more than SMALL_MATMUL multiply-adds.
                     general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
                 } else {
+                    // Row by row: c[i, :] = sum over p of a[i, p] * b[p, :], in order of p
+                    // (integers wrap). No temporary.
                     Zip::from(c.rows_mut())
                         .and(a.rows())
                         .for_each(|mut c_row, a_row| {
-                            Zip::from(&mut c_row).and(b.columns()).for_each(|c, b_col| {
-                                *c = a_row.iter().zip(b_col).fold(T::zero(), |acc, (x, y)| {
-                                    acc.add_wrapping(x.mul_wrapping(*y))
-                                });
-                            });
+                            c_row.fill(T::zero());
+                            for (&x, b_row) in a_row.iter().zip(b.rows()) {
+                                Zip::from(&mut c_row)
+                                    .and(&b_row)
+                                    .for_each(|c, &y| *c = c.add_wrapping(x.mul_wrapping(y)));
+                            }
                         });
                 }
                 Ok(())
@@ -483,7 +498,7 @@ impl Tensor {
     fn update<T: Element>(&mut self, op: &str, src: &Tensor, f: impl Fn(T, T) -> T) -> Result<()> {
         self.same_dtype(op, src)?;
         let shape = broadcast_shape(op, &self.shape, &src.shape)?;
-        if shape != self.shape {
+        if shape[..] != self.shape[..] {
             return Err(Error::Shape {
                 op: op.into(),
                 message: format!(
@@ -547,7 +562,7 @@ impl Tensor {
             self.copy()?
         };
         Ok(Tensor {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             ..base
         })
@@ -558,7 +573,7 @@ impl Tensor {
         self.storage.check("broadcast_to", "X")?;
         let target = broadcast_shape("broadcast_to", &self.shape, shape)?;
         element_count("broadcast_to", shape, self.dtype.size())?;
-        if target != shape {
+        if target[..] != *shape {
             return Err(Error::Shape {
                 op: "broadcast_to".into(),
                 message: format!("{:?} cannot be broadcast to {shape:?}", self.shape),
@@ -577,7 +592,7 @@ impl Tensor {
             })
             .collect();
         Ok(Tensor {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             ..self.clone()
         })

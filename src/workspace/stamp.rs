@@ -202,10 +202,26 @@ impl Stamp {
     /// [`Stamp::check`] without the error: one atomic load and a thread-token compare.
     #[inline(always)]
     pub fn is_valid(&self) -> bool {
-        let state = self.shared.state.load();
-        // Branch-free: both tests always run, and `&` (not `&&`) keeps it that way.
-        (state & self.state_mask == self.expected & self.state_mask)
-            & ((assigned_token() ^ self.owner_token) & self.token_mask == 0)
+        decide(
+            self.shared.state.load(),
+            self.state_mask,
+            self.expected & self.state_mask,
+            self.owner_token,
+            self.token_mask,
+        )
+    }
+
+    /// This stamp's check, unpacked to sit beside a handle to the memory: the address of
+    /// the state word and what to compare it with, so the check reads the word directly
+    /// instead of through the stamp and its `Arc` (see [`StampProbe`]).
+    pub(crate) fn probe(&self) -> StampProbe {
+        StampProbe {
+            word: NonNull::from(&self.shared.state),
+            state_mask: self.state_mask,
+            expected: self.expected & self.state_mask,
+            owner_token: self.owner_token,
+            token_mask: self.token_mask,
+        }
     }
 
     #[cold]
@@ -285,6 +301,58 @@ impl Stamp {
     /// Whether two stamps come from the same workspace (and so the same thread).
     pub fn same_workspace(&self, other: &Stamp) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+/// The decision of semantics §3 on one load of the state word: the masked word equals the
+/// masked word at allocation time, and (unless the workspace is circular) the calling
+/// thread is the owner. Branch-free: both tests always run, and `&` (not `&&`) keeps it so.
+#[inline(always)]
+fn decide(state: u64, state_mask: u64, expected: u64, owner_token: u64, token_mask: u64) -> bool {
+    (state & state_mask == expected) & ((assigned_token() ^ owner_token) & token_mask == 0)
+}
+
+/// A [`Stamp`]'s check with the address of the workspace's state word in place of the
+/// stamp: a handle that keeps the stamp alive (in the memory's header) and this probe
+/// beside it checks with one load of its own fields and one of the word, the same number
+/// of dependent loads as a pool block's freed bit. The decision is [`Stamp::is_valid`]'s,
+/// on the same word, so the invariant above holds unchanged.
+#[derive(Clone, Copy)]
+pub(crate) struct StampProbe {
+    word: NonNull<StateWord>,
+    state_mask: u64,
+    /// The word at allocation time, masked.
+    expected: u64,
+    owner_token: u64,
+    token_mask: u64,
+}
+
+impl StampProbe {
+    /// [`Stamp::is_valid`] of the stamp this probe was made from.
+    ///
+    /// # Safety
+    /// That stamp, or a clone of it, is alive: it holds the `Arc` the word lives in.
+    #[inline(always)]
+    pub(crate) unsafe fn is_valid(&self) -> bool {
+        // SAFETY: the caller keeps a clone of the stamp alive, and with it the `Shared`
+        // that holds the word (an `Arc` allocation, which never moves).
+        let word = unsafe { self.word.as_ref() };
+        decide(
+            word.load(),
+            self.state_mask,
+            self.expected,
+            self.owner_token,
+            self.token_mask,
+        )
+    }
+}
+
+impl fmt::Debug for StampProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StampProbe")
+            .field("expected", &self.expected)
+            .field("circular", &(self.token_mask == 0))
+            .finish()
     }
 }
 

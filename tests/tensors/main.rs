@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod heap;
 mod ops;
 mod reclaim;
 mod scopes;
@@ -15,6 +16,10 @@ mod validity;
 
 use ndmem::alloc::{Limits, Pool};
 use ndmem::MemorySource;
+
+/// Counts each thread's heap allocations (the `heap` tests read them).
+#[global_allocator]
+static ALLOCATOR: common::counting::CountingPerThread = common::counting::CountingPerThread;
 
 /// A pool of this test's own, with an optional byte limit.
 pub(crate) fn private(max_bytes: Option<usize>) -> MemorySource {
