@@ -310,27 +310,28 @@ impl Clone for Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         // SAFETY: taken once, here, and the field is not used after.
-        let mut header = unsafe { ManuallyDrop::take(&mut self.owned) };
-        if let Some(owned) = Arc::get_mut(&mut header) {
-            // The last reference (no owner holds it): release the memory now, as dropping
-            // the `Arc` would, and keep the empty header for the next tensor.
-            drop(owned.home.take());
-            *owned
-                .owner
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner) = None;
-            *owned.owner_refs.get_mut() = 0;
-            let _ = SPARE.try_with(move |s| {
-                let mut spare = s.borrow_mut();
-                if spare.len() < SPARE_HEADERS {
-                    if spare.capacity() == 0 {
-                        spare.reserve_exact(SPARE_HEADERS);
-                    }
-                    spare.push(header);
-                }
-            });
-        }
+        recycle(unsafe { ManuallyDrop::take(&mut self.owned) });
     }
+}
+
+/// Drops a reference to a header; if it was the last, releases the memory (as dropping
+/// the `Arc` would) and keeps the empty header as a spare of this thread.
+fn recycle(mut header: Arc<Owned>) {
+    let Some(owned) = Arc::get_mut(&mut header) else {
+        return;
+    };
+    drop(owned.home.take());
+    *owned.owner.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
+    *owned.owner_refs.get_mut() = 0;
+    let _ = SPARE.try_with(move |s| {
+        let mut spare = s.borrow_mut();
+        if spare.len() < SPARE_HEADERS {
+            if spare.capacity() == 0 {
+                spare.reserve_exact(SPARE_HEADERS);
+            }
+            spare.push(header);
+        }
+    });
 }
 
 impl fmt::Debug for Handle {
@@ -341,19 +342,22 @@ impl fmt::Debug for Handle {
 
 /// An owner's reference to memory. Counted on the memory while it exists, so that
 /// `Arc::strong_count` minus the owner references is exactly the number of tensor handles.
-struct Held(Arc<Owned>);
+struct Held(ManuallyDrop<Arc<Owned>>);
 
 impl Held {
     fn new(owned: &Arc<Owned>) -> Held {
-        let held = Held(owned.clone());
+        let held = Held(ManuallyDrop::new(Arc::clone(owned)));
         owned.owner_refs.fetch_add(1, Ordering::AcqRel);
         held
     }
 }
 
 impl Drop for Held {
+    /// The last reference to drop, of these and the handles, recycles the header.
     fn drop(&mut self) {
         self.0.owner_refs.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: taken once, here, and the field is not used after.
+        recycle(unsafe { ManuallyDrop::take(&mut self.0) });
     }
 }
 
@@ -512,12 +516,12 @@ impl Owner {
         let mut inner = lock(&self.inner);
         let owned = match entry {
             Entry::Owned(held) => {
-                let owned = held.0.clone();
+                let owned = Arc::clone(&held.0);
                 inner.owned.push(held);
                 owned
             }
             Entry::Borrowed(held, origin) => {
-                let owned = held.0.clone();
+                let owned = Arc::clone(&held.0);
                 inner.borrowed.push((held, origin));
                 owned
             }
@@ -769,7 +773,7 @@ impl fmt::Debug for Owner {
 /// owner that had borrowed it in turn, or, when that one closed meanwhile, to whom it
 /// would have given it back. An owner that closed meanwhile frees it.
 fn give_back(held: Held, origin: Origin) {
-    let owned = held.0.clone();
+    let owned = Arc::clone(&held.0);
     match origin {
         Origin::Handles => {
             drop(held);

@@ -530,10 +530,9 @@ impl Tensor {
     /// A copy in the parent of the current workspace, or detached if there is none;
     /// unchanged if it already lives there (ND4J `leverage`).
     pub fn leverage(&self) -> Result<Tensor> {
-        if let (Some(parent), Some(stamp)) =
-            (crate::workspace::parent_of_current(), self.storage.stamp())
-        {
-            if stamp.is_in(&parent) {
+        if let Some(stamp) = self.storage.stamp() {
+            let id = stamp.workspace_id();
+            if crate::workspace::parent_of_current_is(id) && stamp.is_in(id) {
                 self.storage.check("leverage", "X")?;
                 return Ok(self.clone());
             }

@@ -50,6 +50,7 @@ pub use manager::{
     allocate_in, allocate_in_current, allocate_in_parent, parent_of_current, workspaces, ScopeOut,
     WorkspaceGuard, Workspaces,
 };
+pub(crate) use manager::parent_of_current_is;
 pub(crate) use stamp::StampProbe;
 pub use stamp::{Stamp, ViewPin, WorkspaceMemory};
 pub use stats::WorkspaceStats;
