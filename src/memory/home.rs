@@ -8,7 +8,8 @@
 //! epoch pin), [`Home::hold_for_view`] (under a view count or a workspace view pin),
 //! [`Home::write_unshared`] (for the only tensor handle, under a pin) and
 //! [`Home::bytes_mut`] (before the home is shared), each of which first runs the validity
-//! check of semantics §3 and §4 (the workspace stamp, or the block's freed bit). A freed
+//! check of semantics §3 and §4 (the workspace stamp, or the block's freed bit; a [`Probe`]
+//! is that check with the checked word's address, for a handle to keep). A freed
 //! block goes to [`crate::reclaim`] only once no view holds it ([`Handoff`] decides who
 //! frees it, once), so a reader that passed the check keeps the memory until it unpins or
 //! drops its view. This module and the workspace arena are the only places in the `ndmem`

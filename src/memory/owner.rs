@@ -4,14 +4,20 @@
 //! [`Owner`], if any, and how many references owners hold). An [`Owner`] is the record of
 //! one scope (semantics §4): its name, source, parent, children, capped and closed state,
 //! what it owns and what it borrowed (and whom to give each back to). Both know nothing of
-//! tensors or scope handles; `crate::tensor` and `crate::scope` are built on them.
+//! tensors or scope handles; `crate::tensor` and `crate::scope` are built on them. A
+//! [`Handle`] is a tensor's reference to an `Owned`: the shared header and, beside it, the
+//! header's validity check, so the check never loads the header first; headers whose last
+//! reference drops are recycled through a per-thread list of spares, so a loop that makes
+//! as many tensors each step as it drops allocates none on the heap after its first step.
 //!
 //! Invariant: a pool-backed memory is owned by exactly one thing, its handles or one open
 //! owner, and that owner is recorded on both sides (the owner's list and the memory's
 //! owner field) under one process-wide ownership lock, so transfers never lose or double a
 //! tensor. Closing an owner closes its children, then frees what it owns (through the
 //! home's hand-off and epoch reclamation, so concurrent readers finish first) and gives
-//! borrowed memory back.
+//! borrowed memory back. A header is refilled only while its `Arc` is the sole reference
+//! (a spare, or the last reference being dropped), so no handle's probe ever points into a
+//! header that changed under it.
 
 #![allow(unsafe_code)]
 
@@ -321,7 +327,10 @@ fn recycle(mut header: Arc<Owned>) {
         return;
     };
     drop(owned.home.take());
-    *owned.owner.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
+    *owned
+        .owner
+        .get_mut()
+        .unwrap_or_else(PoisonError::into_inner) = None;
     *owned.owner_refs.get_mut() = 0;
     let _ = SPARE.try_with(move |s| {
         let mut spare = s.borrow_mut();

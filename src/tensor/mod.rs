@@ -11,6 +11,13 @@
 //! handle drops. This module calls down into [`crate::memory`] (homes, owners, sources),
 //! [`crate::workspace`] and [`crate::reclaim`]; of scopes it sees only their ownership
 //! records, never the `Scope` handle.
+//!
+//! Nothing here allocates on the heap for a tensor of workspace memory: shapes and strides
+//! are inline up to four axes (`Dims`), the shared header comes from the thread's spares
+//! (`Handle`), and ops write straight into their outputs (no temporaries; only a float
+//! matmul of more than 64^3 multiply-adds packs through matrixmultiply's own buffer). A
+//! pool tensor costs at most its header (none once the thread has spares), besides what
+//! epoch reclamation takes to defer its free.
 
 mod dtype;
 mod ops;
@@ -422,8 +429,8 @@ impl Tensor {
     }
 
     /// Whether the tensor may be used now from this thread (semantics §3, §4). This is the
-    /// check every op runs on each argument: one atomic load (plus a thread-token compare
-    /// for workspace memory).
+    /// check every op runs on each argument: one atomic load of the word the handle's probe
+    /// names, straight from the handle (plus a thread-token compare for workspace memory).
     #[inline]
     pub fn is_valid(&self) -> bool {
         self.storage.is_live()

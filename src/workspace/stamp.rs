@@ -10,8 +10,10 @@
 //! count is above 0. So a consumer on another thread can never read freed memory, nor memory
 //! being overwritten.
 //!
-//! The one `unsafe` item here makes [`WorkspaceMemory`] `Send + Sync`: its pointer is a
-//! plain address whose use is guarded by the stamp.
+//! The `unsafe` items here make [`WorkspaceMemory`] `Send + Sync` (its pointer is a plain
+//! address whose use is guarded by the stamp) and let a [`StampProbe`] (the check with the
+//! state word's address in place of the stamp, kept beside a tensor handle) load the word
+//! while its caller keeps the stamp alive. The probe decides exactly as the stamp does.
 
 #![allow(unsafe_code)]
 
