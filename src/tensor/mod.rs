@@ -490,6 +490,23 @@ impl Tensor {
         self.view_of(bytes, op, arg)
     }
 
+    /// The checked elements of this tensor's memory from its first one on (index them with
+    /// its strides), for as long as `pin` lives; empty for an empty tensor.
+    pub(crate) fn elements<'a, T: Element>(
+        &'a self,
+        op: &str,
+        arg: &str,
+        pin: &'a Pin,
+    ) -> Result<&'a [T]> {
+        self.check_dtype::<T>(op, arg)?;
+        let data: &[T] = bytemuck::cast_slice(self.storage.read(op, arg, pin)?);
+        Ok(if self.is_empty() {
+            &[]
+        } else {
+            data.get(self.offset..).unwrap_or(&[])
+        })
+    }
+
     fn check_dtype<T: Element>(&self, op: &str, arg: &str) -> Result<()> {
         if T::DTYPE != self.dtype {
             return Err(Error::DType {

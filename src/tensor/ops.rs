@@ -440,42 +440,34 @@ impl Tensor {
 
     fn matmul_typed<T: Element>(&self, other: &Tensor) -> Result<Tensor> {
         let pin = reclaim::pin();
-        let a = two_d(self.array::<T>("matmul", "X", &pin)?);
-        let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
-        let shape = [self.shape[0], other.shape[1]];
-        Tensor::build::<T>(
-            "matmul",
-            &shape,
-            Placement::Auto(Some(&*self.storage)),
-            |out| {
+        let (m, k, n) = (self.shape[0], self.shape[1], other.shape[1]);
+        let shape = [m, n];
+        let placement = Placement::Auto(Some(&*self.storage));
+        if T::DTYPE.is_float() && m.saturating_mul(k).saturating_mul(n) > SMALL_MATMUL {
+            let a = two_d(self.array::<T>("matmul", "X", &pin)?);
+            let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
+            return Tensor::build::<T>("matmul", &shape, placement, |out| {
                 let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
                     op: "matmul".into(),
                     message: format!("output is not 2-d: {e}"),
                 })?;
-                let products = shape[0]
-                    .saturating_mul(self.shape[1])
-                    .saturating_mul(shape[1]);
-                if T::DTYPE.is_float() && products > SMALL_MATMUL {
-                    // Packs through a buffer matrixmultiply allocates per call: one heap
-                    // allocation, over more than SMALL_MATMUL multiply-adds.
-                    general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
-                } else {
-                    // Row by row: c[i, :] = sum over p of a[i, p] * b[p, :], in order of p
-                    // (integers wrap). No temporary.
-                    Zip::from(c.rows_mut())
-                        .and(a.rows())
-                        .for_each(|mut c_row, a_row| {
-                            c_row.fill(T::zero());
-                            for (&x, b_row) in a_row.iter().zip(b.rows()) {
-                                Zip::from(&mut c_row)
-                                    .and(&b_row)
-                                    .for_each(|c, &y| *c = c.add_wrapping(x.mul_wrapping(y)));
-                            }
-                        });
-                }
+                // Packs through a buffer matrixmultiply allocates per call: one heap
+                // allocation, over more than SMALL_MATMUL multiply-adds.
+                general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
                 Ok(())
-            },
-        )
+            });
+        }
+        let a = self.elements::<T>("matmul", "X", &pin)?;
+        let b = other.elements::<T>("matmul", "Y", &pin)?;
+        let (a_strides, b_strides) = (
+            (self.strides[0], self.strides[1]),
+            (other.strides[0], other.strides[1]),
+        );
+        Tensor::build::<T>("matmul", &shape, placement, |mut out| {
+            let c = out.as_slice_mut().expect("fresh outputs are contiguous");
+            small_matmul(a, a_strides, b, b_strides, (m, k, n), c);
+            Ok(())
+        })
     }
 
     // ---- in place: only on the sole handle of a tensor ---------------------------
@@ -596,6 +588,90 @@ impl Tensor {
             strides,
             ..self.clone()
         })
+    }
+}
+
+/// `c = a @ b` for an `[m, k]` matrix `a` and a `[k, n]` matrix `b`, each given as its
+/// elements from its first one and its strides in elements, into the row-major `[m, n]`
+/// slice `c`, tile by tile: each tile of `c` (up to 4 rows by 8 columns) is summed in
+/// registers over all of `p`, then stored. Each `c[i, j]` starts at zero and adds
+/// `a[i, p] * b[p, j]` for `p` in order (integers wrap), so the result depends only on the
+/// values, never on the tiling.
+fn small_matmul<T: Element>(
+    a: &[T],
+    a_strides: (usize, usize),
+    b: &[T],
+    b_strides: (usize, usize),
+    (m, k, n): (usize, usize, usize),
+    c: &mut [T],
+) {
+    let operands = Operands {
+        a,
+        a_strides,
+        b,
+        b_strides,
+        k,
+        n,
+    };
+    let mut i = 0;
+    while i + 4 <= m {
+        operands.row_block::<4>(i, c);
+        i += 4;
+    }
+    while i < m {
+        operands.row_block::<1>(i, c);
+        i += 1;
+    }
+}
+
+/// The operands of [`small_matmul`].
+struct Operands<'a, T> {
+    a: &'a [T],
+    a_strides: (usize, usize),
+    b: &'a [T],
+    b_strides: (usize, usize),
+    k: usize,
+    n: usize,
+}
+
+impl<T: Element> Operands<'_, T> {
+    /// Rows `i..i + R` of the product into `c`, in tiles 8, 4, 2 and 1 columns wide.
+    fn row_block<const R: usize>(&self, i: usize, c: &mut [T]) {
+        let mut j = 0;
+        while j + 8 <= self.n {
+            self.tile::<R, 8>(i, j, c);
+            j += 8;
+        }
+        if j + 4 <= self.n {
+            self.tile::<R, 4>(i, j, c);
+            j += 4;
+        }
+        if j + 2 <= self.n {
+            self.tile::<R, 2>(i, j, c);
+            j += 2;
+        }
+        if j < self.n {
+            self.tile::<R, 1>(i, j, c);
+        }
+    }
+
+    /// `c[i..i + R, j..j + W]`, summed over `p` in order.
+    #[inline(always)]
+    fn tile<const R: usize, const W: usize>(&self, i: usize, j: usize, c: &mut [T]) {
+        let ((a0, a1), (b0, b1)) = (self.a_strides, self.b_strides);
+        let mut sums = [[T::zero(); W]; R];
+        for p in 0..self.k {
+            let x: [T; R] = std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1]);
+            let y: [T; W] = std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1]);
+            for (row, x) in sums.iter_mut().zip(x) {
+                for (sum, y) in row.iter_mut().zip(y) {
+                    *sum = sum.add_wrapping(x.mul_wrapping(y));
+                }
+            }
+        }
+        for (r, row) in sums.iter().enumerate() {
+            c[(i + r) * self.n + j..][..W].copy_from_slice(row);
+        }
     }
 }
 
