@@ -57,7 +57,7 @@ fn layer_of(module: &str) -> Option<usize> {
     for (layer, names) in LAYERS.iter().enumerate() {
         for name in *names {
             let matches = module == *name || module.starts_with(&format!("{name}::"));
-            if matches && best.is_none_or(|(_, len)| name.len() > len) {
+            if matches && best.map_or(true, |(_, len)| name.len() > len) {
                 best = Some((layer, name.len()));
             }
         }

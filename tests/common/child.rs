@@ -32,6 +32,8 @@ pub(crate) struct Rerun {
     command: Command,
     /// The one test run, when the binary has the test harness.
     test: Option<String>,
+    /// The environment variables set, for the message of a failure.
+    env: Vec<String>,
 }
 
 impl Rerun {
@@ -41,6 +43,7 @@ impl Rerun {
         Rerun {
             command: Command::new(std::env::current_exe().unwrap()),
             test: None,
+            env: Vec::new(),
         }
     }
 
@@ -54,6 +57,9 @@ impl Rerun {
 
     /// Sets an environment variable of the child.
     pub(crate) fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        let (key, value) = (key.as_ref(), value.as_ref());
+        self.env
+            .push(format!("{}={:?}", key.to_string_lossy(), value));
         self.command.env(key, value);
         self
     }
@@ -66,13 +72,13 @@ impl Rerun {
     /// Runs the child and checks that it succeeded and, for [`Rerun::test`], that the one
     /// test ran and passed (a name that matches nothing passes with 0 tests).
     pub(crate) fn passes(self) -> Output {
-        let test = self.test.clone();
+        let (test, env) = (self.test.clone(), self.env.join(" "));
         let out = self.output();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let ran = test.is_none() || stdout.contains("test result: ok. 1 passed");
         assert!(
             out.status.success() && ran,
-            "child {test:?}: {}\nstdout: {stdout}\nstderr: {}",
+            "child {test:?} with {env}: {}\nstdout: {stdout}\nstderr: {}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );

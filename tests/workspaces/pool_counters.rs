@@ -1,25 +1,18 @@
-//! Workspace figures that can only be read from process-wide counters: the pool's
-//! allocation count and live bytes. The tests of this binary take turns (one lock), so no
-//! other test's pool traffic runs beside them. Heap allocations are counted per thread by the counting
-//! allocator of tests/common/counting.rs, so they are attributable exactly.
+//! Workspace figures that can only be read from process-wide counters: the global pool's
+//! allocation count and live bytes. Each test runs alone in a process of its own
+//! (`run_alone`), so no other test's pool traffic runs beside it. Heap allocations are
+//! counted per thread by this binary's global allocator (`common::counting`), so they are
+//! attributable exactly.
 
 use std::alloc::Layout;
-use std::sync::Mutex;
 
 use ndmem::alloc::{Limits, Pool};
 use ndmem::workspace::allocate_in_current;
 use ndmem::{workspaces, LocationPolicy, MemorySource, ResetPolicy, SpillPolicy, WorkspaceConfig};
 
-/// Held by each test: the global pool's counters are the process's.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-#[path = "common/counting.rs"]
-mod counting;
-
-/// Heap allocations are counted per thread, so a test can check a path allocates nothing.
-#[global_allocator]
-static GLOBAL: counting::CountingPerThread = counting::CountingPerThread;
-use counting::heap_allocations_of_this_thread as heap_allocations;
+use crate::common::child::run_alone;
+use crate::common::counting::heap_allocations_of_this_thread as heap_allocations;
+use crate::common::test_name;
 
 /// One cycle of a training-loop-like workload: nested workspaces, stamped allocations,
 /// an allocator_api2 vector, and a scope-out.
@@ -48,7 +41,11 @@ fn cycle(outer: &WorkspaceConfig, inner: &WorkspaceConfig) -> u64 {
 
 #[test]
 fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if run_alone(test_name!(
+        learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything
+    )) {
+        return;
+    }
     let pool = Pool::global();
     let ws = workspaces();
     let outer = WorkspaceConfig::default();
@@ -168,7 +165,11 @@ fn learned_cycles_touch_no_pool_and_no_heap_and_exits_release_everything() {
 
 #[test]
 fn a_workspace_with_its_own_source_leaves_the_global_pool_alone() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if run_alone(test_name!(
+        a_workspace_with_its_own_source_leaves_the_global_pool_alone
+    )) {
+        return;
+    }
     let source = MemorySource::new(Pool::new(Limits::unlimited()));
     let configs = [
         WorkspaceConfig::default(),

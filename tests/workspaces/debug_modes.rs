@@ -2,10 +2,11 @@
 //! so the test runs itself again as a child process for each value.
 
 use std::alloc::Layout;
-use std::process::Command;
 
 use ndmem::workspace::{allocate_in_current, ENV_WORKSPACES};
 use ndmem::{workspaces, Error, SpillPolicy, WorkspaceConfig};
+
+use crate::common::{child::Rerun, test_name};
 
 /// Set in the child: which scenario to check.
 const CHILD: &str = "NDMEM_TEST_WORKSPACE_MODE_CHILD";
@@ -82,23 +83,14 @@ fn debug_modes_from_the_environment() {
         child(&scenario);
         return;
     }
-    let exe = std::env::current_exe().unwrap();
     for (scenario, value) in [
         ("spill_everything", "spill_everything"),
         ("bypass", "BYPASS"),
         ("garbage", "spill_all"),
     ] {
-        let out = Command::new(&exe)
-            .args(["--exact", "debug_modes_from_the_environment", "--nocapture"])
+        Rerun::test(test_name!(debug_modes_from_the_environment))
             .env(CHILD, scenario)
             .env(ENV_WORKSPACES, value)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("1 passed"),
-            "{scenario}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .passes();
     }
 }

@@ -1,0 +1,207 @@
+//! Configuration (semantics §2.1): the contract's defaults, every invalid combination an
+//! error naming field and value, alignment, zero-size and overflowing requests.
+
+use std::alloc::Layout;
+
+use ndmem::{
+    workspaces, AllocationPolicy, Error, LearningPolicy, LocationPolicy, MirroringPolicy,
+    ResetPolicy, SpillPolicy, WorkspaceConfig,
+};
+
+use crate::{config_error, layout, strict};
+
+#[test]
+fn defaults_are_those_of_the_contract() {
+    // Semantics §2.1
+    let cfg = WorkspaceConfig::default();
+    assert_eq!(cfg, WorkspaceConfig::builder().build().unwrap());
+    assert_eq!(
+        (cfg.initial_size(), cfg.min_size(), cfg.max_size()),
+        (0, 0, 0)
+    );
+    assert_eq!(cfg.overallocation_limit(), 0.3);
+    assert_eq!(cfg.alignment(), 16);
+    assert_eq!(cfg.policy_allocation(), AllocationPolicy::Overallocate);
+    assert_eq!(cfg.policy_learning(), LearningPolicy::FirstLoop);
+    assert_eq!(cfg.cycles_before_initialization(), 0);
+    assert_eq!(cfg.policy_spill(), SpillPolicy::External);
+    assert_eq!(cfg.policy_reset(), ResetPolicy::BlockLeft);
+    assert_eq!(cfg.policy_location(), &LocationPolicy::Ram);
+    assert_eq!(cfg.policy_mirroring(), MirroringPolicy::Full);
+    let all = WorkspaceConfig::builder()
+        .initial_size(1)
+        .min_size(2)
+        .max_size(3)
+        .overallocation_limit(1.5)
+        .alignment(64)
+        .policy_allocation(AllocationPolicy::Strict)
+        .policy_learning(LearningPolicy::OverTime)
+        .cycles_before_initialization(4)
+        .policy_spill(SpillPolicy::Reallocate)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .policy_mirroring(MirroringPolicy::HostOnly)
+        .build()
+        .unwrap();
+    assert_eq!(
+        (all.initial_size(), all.min_size(), all.max_size()),
+        (1, 2, 3)
+    );
+    assert_eq!((all.overallocation_limit(), all.alignment()), (1.5, 64));
+    assert_eq!(all.cycles_before_initialization(), 4);
+    assert!(all.is_circular());
+}
+
+#[test]
+fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
+    // Semantics §2.1: initial_size > max_size (when max_size > 0)
+    let e = config_error(
+        WorkspaceConfig::builder()
+            .initial_size(200)
+            .max_size(100)
+            .build(),
+    );
+    assert!(
+        e.contains("initial_size") && e.contains("200") && e.contains("100"),
+        "{e}"
+    );
+    assert!(WorkspaceConfig::builder()
+        .initial_size(200)
+        .max_size(0)
+        .build()
+        .is_ok());
+    // min_size > max_size
+    let e = config_error(
+        WorkspaceConfig::builder()
+            .min_size(300)
+            .max_size(100)
+            .build(),
+    );
+    assert!(e.contains("min_size") && e.contains("300"), "{e}");
+    // negative, NaN (and infinite) overallocation_limit
+    for bad in [-0.1, f64::NAN, f64::INFINITY] {
+        let e = config_error(WorkspaceConfig::builder().overallocation_limit(bad).build());
+        assert!(
+            e.contains("overallocation_limit") && e.contains(&bad.to_string()),
+            "{e}"
+        );
+    }
+    // non-power-of-two alignment, and alignment out of range
+    for bad in [0, 3, 24, 8192] {
+        let e = config_error(WorkspaceConfig::builder().alignment(bad).build());
+        assert!(
+            e.contains("alignment") && e.contains(&bad.to_string()),
+            "{e}"
+        );
+    }
+    for good in [1, 2, 16, 4096] {
+        assert!(WorkspaceConfig::builder().alignment(good).build().is_ok());
+    }
+    // Mmap with learning other than None and initial_size 0
+    let mmap = LocationPolicy::Mmap { path: None };
+    for learning in [LearningPolicy::FirstLoop, LearningPolicy::OverTime] {
+        let e = config_error(
+            WorkspaceConfig::builder()
+                .policy_location(mmap.clone())
+                .policy_learning(learning)
+                .build(),
+        );
+        assert!(e.contains("Mmap") && e.contains("initial_size 0"), "{e}");
+    }
+    assert!(WorkspaceConfig::builder()
+        .policy_location(mmap.clone())
+        .initial_size(4096)
+        .build()
+        .is_ok());
+    assert!(WorkspaceConfig::builder()
+        .policy_location(mmap)
+        .policy_learning(LearningPolicy::None)
+        .build()
+        .is_ok());
+    // circular + Overallocate with overallocation_limit < 1.0
+    let e = config_error(
+        WorkspaceConfig::builder()
+            .policy_reset(ResetPolicy::EndOfBuffer)
+            .overallocation_limit(0.5)
+            .build(),
+    );
+    assert!(e.contains("EndOfBuffer") && e.contains("0.5"), "{e}");
+    assert!(WorkspaceConfig::builder()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(1.0)
+        .build()
+        .is_ok());
+    assert!(strict()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(0.5)
+        .build()
+        .is_ok());
+    // Fail without an initial buffer: every request would fail, so nothing is ever learned
+    let e = config_error(
+        WorkspaceConfig::builder()
+            .policy_spill(SpillPolicy::Fail)
+            .build(),
+    );
+    assert!(e.contains("Fail") && e.contains("initial_size 0"), "{e}");
+    // circular + Reallocate on a user file: a rebuilt ring would map the same file again
+    let user_file = LocationPolicy::Mmap {
+        path: Some(std::env::temp_dir().join("ndmem-never-created")),
+    };
+    let circular_file = || {
+        WorkspaceConfig::builder()
+            .initial_size(4096)
+            .policy_reset(ResetPolicy::EndOfBuffer)
+            .overallocation_limit(1.0)
+            .policy_location(user_file.clone())
+    };
+    let e = config_error(
+        circular_file()
+            .policy_spill(SpillPolicy::Reallocate)
+            .build(),
+    );
+    assert!(
+        e.contains("policy_spill") && e.contains("Reallocate"),
+        "{e}"
+    );
+    assert!(circular_file().build().is_ok());
+}
+
+#[test]
+fn every_allocation_is_aligned_to_the_workspace_or_the_layout() {
+    // Semantics §2.1: offsets rounded to max(alignment, layout.align()); padding is used.
+    let cfg = strict().initial_size(4096).alignment(64).build().unwrap();
+    let ws = workspaces();
+    let g = ws.get_and_activate(&cfg, "ALIGN").unwrap();
+    let a = g.alloc(layout(1)).unwrap();
+    let b = g.alloc(layout(1)).unwrap();
+    let c = g.alloc(Layout::from_size_align(8, 256).unwrap()).unwrap();
+    for p in [a, b] {
+        assert_eq!(p.cast::<u8>().as_ptr() as usize % 64, 0);
+    }
+    assert_eq!(c.cast::<u8>().as_ptr() as usize % 256, 0);
+    assert_eq!(
+        b.cast::<u8>().as_ptr() as usize - a.cast::<u8>().as_ptr() as usize,
+        64
+    );
+    let end = c.cast::<u8>().as_ptr() as usize + 8 - a.cast::<u8>().as_ptr() as usize;
+    assert_eq!(g.stats().used, end, "padding counts toward the cycle");
+}
+
+#[test]
+fn zero_size_requests_get_an_aligned_dangling_pointer_and_overflow_is_an_error() {
+    let cfg = strict().initial_size(1024).alignment(32).build().unwrap();
+    let ws = workspaces();
+    let g = ws.get_and_activate(&cfg, "ZERO").unwrap();
+    let z = g.alloc(Layout::from_size_align(0, 8).unwrap()).unwrap();
+    assert_eq!(z.len(), 0);
+    assert_eq!(z.cast::<u8>().as_ptr() as usize % 32, 0);
+    assert_eq!(g.stats().used, 0, "a zero-size request takes no bytes");
+    drop(g);
+    let paged = strict().initial_size(4096).alignment(4096).build().unwrap();
+    let g = ws.get_and_activate(&paged, "OVERFLOW").unwrap();
+    let huge = Layout::from_size_align(isize::MAX as usize - 100, 1).unwrap();
+    match g.alloc(huge) {
+        Err(Error::Alloc(e)) => assert!(e.to_string().contains("overflows"), "{e}"),
+        other => panic!("expected an overflow error, got {other:?}"),
+    }
+    assert_eq!(g.stats().used, 0);
+}

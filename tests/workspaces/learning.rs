@@ -1,0 +1,181 @@
+//! Learning (semantics §2.3): FirstLoop, Strict, clamping, OverTime, None, a fixed initial
+//! size, and Reallocate.
+
+use ndmem::{workspaces, LearningPolicy, SpillPolicy, WorkspaceConfig};
+
+use crate::{capacity, fill, strict};
+
+#[test]
+fn first_loop_learns_max_cycle_times_1_3_after_the_first_cycle() {
+    // Semantics §2.3: FirstLoop from size 0: the first cycle spills everything; at its end
+    // the buffer is max_cycle x 1.3.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::default();
+    {
+        let g = ws.get_and_activate(&cfg, "FIRST").unwrap();
+        fill(&g, 10, 1000);
+        let s = g.stats();
+        assert_eq!((s.size, s.used, s.spilled_bytes), (0, 0, 10 * 1008));
+    }
+    let s = ws.workspace("FIRST").unwrap();
+    assert_eq!(s.max_cycle, 10_080);
+    assert_eq!(s.size, capacity(13_104)); // 10080 x 1.3
+    let g = ws.get_and_activate(&cfg, "FIRST").unwrap();
+    fill(&g, 10, 1000);
+    assert_eq!(g.stats().spilled_bytes, 0, "the second cycle fits");
+}
+
+#[test]
+fn strict_learns_exactly_max_cycle() {
+    // Semantics §2.1, §2.3: Strict does not overallocate.
+    let ws = workspaces();
+    let cfg = strict().build().unwrap();
+    fill(&ws.get_and_activate(&cfg, "STRICT").unwrap(), 10, 1000);
+    assert_eq!(ws.workspace("STRICT").unwrap().size, capacity(10_080));
+    let g = ws.get_and_activate(&cfg, "STRICT").unwrap();
+    fill(&g, 10, 1000);
+    assert_eq!(
+        g.stats().spilled_bytes,
+        0,
+        "x 1.0 is enough for the same cycle"
+    );
+}
+
+#[test]
+fn learned_size_is_clamped_to_min_and_max() {
+    // Semantics §2.3: clamped to [min_size, max_size].
+    let ws = workspaces();
+    let small = WorkspaceConfig::builder()
+        .min_size(64 << 10)
+        .build()
+        .unwrap();
+    fill(&ws.get_and_activate(&small, "MIN").unwrap(), 1, 100);
+    assert_eq!(ws.workspace("MIN").unwrap().size, capacity(64 << 10));
+    let big = WorkspaceConfig::builder().max_size(4096).build().unwrap();
+    fill(&ws.get_and_activate(&big, "MAX").unwrap(), 10, 1000);
+    assert_eq!(ws.workspace("MAX").unwrap().size, capacity(4096));
+}
+
+#[test]
+fn over_time_learns_after_n_cycles_from_the_largest() {
+    // Semantics §2.3: OverTime spills until cycles >= cycles_before_initialization.
+    let ws = workspaces();
+    let cfg = strict()
+        .policy_learning(LearningPolicy::OverTime)
+        .cycles_before_initialization(3)
+        .build()
+        .unwrap();
+    for (cycle, bytes) in [(1, 1000), (2, 3000), (3, 2000)] {
+        assert_eq!(ws.workspace("OVERTIME").map_or(0, |s| s.size), 0);
+        fill(&ws.get_and_activate(&cfg, "OVERTIME").unwrap(), 1, bytes);
+        assert_eq!(ws.workspace("OVERTIME").unwrap().cycles, cycle);
+    }
+    assert_eq!(ws.workspace("OVERTIME").unwrap().size, capacity(3008));
+    // Decision: the default 0 means "after the first cycle".
+    let zero = strict()
+        .policy_learning(LearningPolicy::OverTime)
+        .build()
+        .unwrap();
+    fill(&ws.get_and_activate(&zero, "OVERTIME0").unwrap(), 1, 500);
+    assert_eq!(ws.workspace("OVERTIME0").unwrap().size, capacity(512));
+}
+
+#[test]
+fn learning_none_never_creates_a_buffer() {
+    // Semantics §2.3: None: the size never changes.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .policy_learning(LearningPolicy::None)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let g = ws.get_and_activate(&cfg, "NONE").unwrap();
+        fill(&g, 2, 100);
+        assert_eq!(g.stats().spilled_bytes, 224);
+    }
+    assert_eq!(ws.workspace("NONE").unwrap().size, 0);
+}
+
+#[test]
+fn initial_size_never_relearns() {
+    // Semantics §2.3: with initial_size > 0 the buffer exists from the start and FirstLoop
+    // does nothing more.
+    let ws = workspaces();
+    for learning in [LearningPolicy::FirstLoop, LearningPolicy::OverTime] {
+        let id = format!("INITIAL_{learning:?}");
+        let cfg = WorkspaceConfig::builder()
+            .initial_size(1000)
+            .policy_learning(learning)
+            .build()
+            .unwrap();
+        let size = ws.get_and_activate(&cfg, &id).unwrap().stats().size;
+        assert_eq!(size, capacity(1312), "initial x 1.3, rounded to 16");
+        for _ in 0..3 {
+            let g = ws.get_and_activate(&cfg, &id).unwrap();
+            fill(&g, 4, 1000);
+            assert!(g.stats().spilled_bytes > 0);
+        }
+        assert_eq!(ws.workspace(&id).unwrap().size, size);
+    }
+}
+
+#[test]
+fn reallocate_grows_the_buffer_to_max_cycle_at_cycle_end() {
+    // Semantics §2.3: a cycle that spilled ends by reallocating the buffer to max_cycle
+    // (clamped to max_size, no overallocation), so the next cycle fits.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(1000)
+        .policy_spill(SpillPolicy::Reallocate)
+        .build()
+        .unwrap();
+    {
+        let g = ws.get_and_activate(&cfg, "REALLOC").unwrap();
+        fill(&g, 5, 1000);
+        assert!(g.stats().spilled_bytes > 0);
+    }
+    let s = ws.workspace("REALLOC").unwrap();
+    assert_eq!(s.size, capacity(s.max_cycle));
+    let g = ws.get_and_activate(&cfg, "REALLOC").unwrap();
+    fill(&g, 5, 1000);
+    assert_eq!(g.stats().spilled_bytes, 0);
+    drop(g);
+    // Clamped to max_size.
+    let capped = WorkspaceConfig::builder()
+        .initial_size(1000)
+        .max_size(2048)
+        .policy_spill(SpillPolicy::Reallocate)
+        .build()
+        .unwrap();
+    fill(
+        &ws.get_and_activate(&capped, "REALLOC_MAX").unwrap(),
+        5,
+        1000,
+    );
+    assert_eq!(ws.workspace("REALLOC_MAX").unwrap().size, capacity(2048));
+}
+
+#[test]
+fn reallocate_before_the_first_learning_only_frees_spills() {
+    // Semantics §2.3: before the first learning, spills are only freed.
+    let ws = workspaces();
+    let cfg = strict()
+        .policy_learning(LearningPolicy::OverTime)
+        .cycles_before_initialization(2)
+        .policy_spill(SpillPolicy::Reallocate)
+        .build()
+        .unwrap();
+    fill(
+        &ws.get_and_activate(&cfg, "REALLOC_EARLY").unwrap(),
+        2,
+        1000,
+    );
+    let s = ws.workspace("REALLOC_EARLY").unwrap();
+    assert_eq!((s.size, s.spilled_bytes), (0, 0));
+    fill(
+        &ws.get_and_activate(&cfg, "REALLOC_EARLY").unwrap(),
+        2,
+        1000,
+    );
+    assert_eq!(ws.workspace("REALLOC_EARLY").unwrap().size, capacity(2016));
+}
