@@ -4,14 +4,14 @@
 //! block (valid until its owner frees it). A device variant joins this enum with the
 //! device layer; nothing above it needs to change for that.
 //!
-//! Invariant: the bytes of a home are reachable only through [`Home::read`] (under an
-//! epoch pin), [`Home::hold_for_view`] (under a view count or a workspace view pin),
-//! [`Home::write_unshared`] (for the only tensor handle, under a pin) and
-//! [`Home::bytes_mut`] (before the home is shared), each of which first runs the validity
-//! check of semantics §3 and §4 (the workspace stamp, or the block's freed bit; a [`Probe`]
-//! is that check with the checked word's address, for a handle to keep). A freed
-//! block goes to [`crate::reclaim`] only once no view holds it ([`Handoff`] decides who
-//! frees it, once), so a reader that passed the check keeps the memory until it unpins or
+//! Invariant: the bytes of a home are reachable only through [`Home::read_checked`] (under
+//! an epoch pin, after its [`Probe`] passed), [`Home::hold_for_view`] (under a view count or
+//! a workspace view pin), [`Home::write_unshared`] (for the only tensor handle, under a pin)
+//! and [`Home::bytes_mut`] (before the home is shared), each after the validity check of
+//! semantics §3 and §4 (the workspace stamp, or the block's freed bit; a [`Probe`] is that
+//! check with the checked word's address, for a handle to keep beside it). A freed block
+//! goes to [`crate::reclaim`] only once no view holds it ([`Handoff`] decides who frees it,
+//! once), so a reader that passed the check keeps the memory until it unpins or
 //! drops its view. This module and the workspace arena are the only places in the `ndmem`
 //! crate that turn raw memory pointers into slices.
 
@@ -59,7 +59,8 @@ pub(crate) struct PoolBlock {
 // (only circular workspaces hand memory across threads: their stamps keep the ring alive
 // and hold a counted reference to the slot, which the ring never reuses while it is held).
 unsafe impl Send for WorkspaceSlot {}
-// SAFETY: shared access only reads, through `Home::read` or a view, after the stamp check.
+// SAFETY: shared access only reads, through `Home::read_checked` or a view, after the
+// stamp check.
 unsafe impl Sync for WorkspaceSlot {}
 // SAFETY: the pointer is into the block this value owns (`Block` is Send + Sync).
 unsafe impl Send for PoolBlock {}
@@ -184,20 +185,23 @@ impl Home {
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
     }
 
-    /// The bytes, if live, for as long as `pin` holds the epoch.
+    /// The bytes, for as long as `pin` holds the epoch, after the caller ran this home's
+    /// check itself through its [`Probe`].
+    ///
+    /// # Safety
+    /// The [`Probe`] of this home answered live on this thread after `pin` was taken.
     #[inline]
-    pub(crate) fn read<'a>(&'a self, _pin: &'a Pin) -> Option<&'a [u8]> {
-        if !self.is_live() {
-            return None;
-        }
+    pub(crate) unsafe fn read_checked<'a>(&'a self, _pin: &'a Pin) -> &'a [u8] {
         let (ptr, len) = self.raw();
-        // SAFETY: the check passed, so the memory is live: a pool block not yet handed to
-        // reclamation (and `_pin` keeps a block handed over after the check alive until the
-        // borrow ends), or workspace memory of the current generation on its owner thread
-        // (or a circular workspace, whose stamp keeps the ring alive and its slot out of
-        // the ring's reuse, so no cycle writes the bytes while we read). Shared homes are
+        // SAFETY: the probe's check is this home's (the same word, the same decision), and
+        // it passed under `pin` on this thread (the caller's contract), so the memory is
+        // live: a pool block not yet handed to reclamation (and `_pin` keeps a block handed
+        // over after the check alive until the borrow ends), or workspace memory of the
+        // current generation on its owner thread (whose word only this thread changes), or
+        // of a circular workspace, whose stamp keeps the ring alive and its slot out of the
+        // ring's reuse, so no cycle writes the bytes while we read. Shared homes are
         // written only through `write_unshared`, whose caller proves no reader exists.
-        Some(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) })
+        unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) }
     }
 
     /// The bytes, writable, if live, for as long as `pin` holds the epoch.
@@ -213,7 +217,7 @@ impl Home {
             return None;
         }
         let (ptr, len) = self.raw();
-        // SAFETY: the memory is live (see `read`); the caller guarantees no other access
+        // SAFETY: the memory is live (see `read_checked`); the caller guarantees no other access
         // for the borrow's life; if the owner frees the block concurrently, `_pin` keeps it
         // allocated until this borrow, bound to it, ends.
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })

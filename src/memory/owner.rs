@@ -119,15 +119,6 @@ impl Owned {
             .map_or_else(|| "?".into(), |owner| owner.name.clone())
     }
 
-    /// The bytes, after the validity check, for as long as `pin` holds the epoch.
-    #[inline]
-    pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, pin: &'a Pin) -> Result<&'a [u8]> {
-        match self.home().read(pin) {
-            Some(bytes) => Ok(bytes),
-            None => Err(self.refusal(op, arg)),
-        }
-    }
-
     /// The bytes for a borrowed view, checked, kept alive until the hold drops.
     pub(crate) fn hold_for_view(&self, op: &str, arg: &str) -> Result<(ViewHold<'_>, &[u8])> {
         self.home()
@@ -287,6 +278,19 @@ impl Handle {
         // SAFETY: the probe was made from the home in this handle's header, which the
         // handle keeps alive and which is not replaced while it is shared (the invariant).
         unsafe { self.probe.is_live() }
+    }
+
+    /// The bytes, after the validity check through the probe, for as long as `pin` holds
+    /// the epoch (one dependent load fewer than through the header).
+    #[inline]
+    pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, pin: &'a Pin) -> Result<&'a [u8]> {
+        if self.is_live() {
+            // SAFETY: the probe of this header's home answered live just now, on this
+            // thread, under `pin` (taken by the caller before this call).
+            Ok(unsafe { self.home().read_checked(pin) })
+        } else {
+            Err(self.refusal(op, arg))
+        }
     }
 
     /// The shared header.
