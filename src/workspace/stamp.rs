@@ -219,10 +219,13 @@ impl Stamp {
     pub(crate) fn probe(&self) -> StampProbe {
         StampProbe {
             word: NonNull::from(&self.shared.state),
-            state_mask: self.state_mask,
-            expected: self.expected & self.state_mask,
-            owner_token: self.owner_token,
-            token_mask: self.token_mask,
+            expected: self.expected,
+            // Tokens start at 1: 0 marks a circular workspace's probe.
+            owner_token: if self.shared.circular {
+                0
+            } else {
+                self.owner_token
+            },
         }
     }
 
@@ -318,15 +321,17 @@ fn decide(state: u64, state_mask: u64, expected: u64, owner_token: u64, token_ma
 /// stamp: a handle that keeps the stamp alive (in the memory's header) and this probe
 /// beside it checks with one load of its own fields and one of the word, the same number
 /// of dependent loads as a pool block's freed bit. The decision is [`Stamp::is_valid`]'s,
-/// on the same word, so the invariant above holds unchanged.
+/// on the same word, so the invariant above holds unchanged; only its form is the one for
+/// the kind of workspace: for a non-circular one, the word equals `expected` and the
+/// caller's token is `owner_token`; for a circular one (`owner_token` 0, which no thread
+/// has), `DESTROYED` is clear.
 #[derive(Clone, Copy)]
 pub(crate) struct StampProbe {
     word: NonNull<StateWord>,
-    state_mask: u64,
-    /// The word at allocation time, masked.
+    /// The word at allocation time.
     expected: u64,
+    /// The owner thread's token; 0 for a circular workspace (any thread).
     owner_token: u64,
-    token_mask: u64,
 }
 
 impl StampProbe {
@@ -338,14 +343,13 @@ impl StampProbe {
     pub(crate) unsafe fn is_valid(&self) -> bool {
         // SAFETY: the caller keeps a clone of the stamp alive, and with it the `Shared`
         // that holds the word (an `Arc` allocation, which never moves).
-        let word = unsafe { self.word.as_ref() };
-        decide(
-            word.load(),
-            self.state_mask,
-            self.expected,
-            self.owner_token,
-            self.token_mask,
-        )
+        let state = unsafe { self.word.as_ref() }.load();
+        if self.owner_token != 0 {
+            // Branch-free: both tests always run.
+            (state ^ self.expected) | (assigned_token() ^ self.owner_token) == 0
+        } else {
+            state & DESTROYED == 0
+        }
     }
 }
 
@@ -353,7 +357,7 @@ impl fmt::Debug for StampProbe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StampProbe")
             .field("expected", &self.expected)
-            .field("circular", &(self.token_mask == 0))
+            .field("circular", &(self.owner_token == 0))
             .finish()
     }
 }
@@ -422,6 +426,37 @@ mod tests {
             !stamp.is_in("T"),
             "a later workspace T would be another one"
         );
+    }
+
+    #[test]
+    fn a_probe_decides_as_its_stamp_does() {
+        for circular in [false, true] {
+            let shared = Arc::new(Shared::new("P", circular, MemorySource::global()));
+            shared.open(1);
+            let stamp = Stamp::new(shared.clone(), 1, None);
+            let probe = stamp.probe();
+            // SAFETY: `stamp` lives for the whole closure's use.
+            let agree = || unsafe { probe.is_valid() } == stamp.is_valid();
+            assert!(agree() && stamp.is_valid());
+            let there = stamp.clone();
+            let (valid, probed) = std::thread::spawn(move || {
+                let probe = there.probe();
+                // SAFETY: `there` lives until the end of this closure.
+                (there.is_valid(), unsafe { probe.is_valid() })
+            })
+            .join()
+            .unwrap();
+            assert_eq!((valid, probed), (circular, circular));
+            for step in [
+                |s: &Shared| s.close(1),
+                |s: &Shared| s.open(2),
+                |s: &Shared| s.destroy(),
+            ] {
+                step(&shared);
+                assert!(agree(), "circular {circular}: {shared:?}");
+            }
+            assert!(!stamp.is_valid());
+        }
     }
 
     #[test]
