@@ -1,9 +1,12 @@
 //! Tensors: the ops against plain ndarray (`ops`), the validity checks of workspace memory
-//! (`validity`, semantics §3), NDManager-style scopes (`scopes`, semantics §4) and epoch
-//! reclamation (`reclaim`, semantics §6).
+//! (`validity`, semantics §3), NDManager-style scopes (`scopes`, semantics §4), epoch
+//! reclamation (`reclaim`, semantics §6) and the heap allocations of ops on workspace
+//! tensors (`heap`: none).
 //!
 //! Byte checks read a pool of the test's own, so the tests run in parallel; those that read
-//! the process-wide epoch run in a child process of their own (`common::child`).
+//! the process-wide epoch run in a child process of their own (`common::child`). Heap
+//! allocations are counted per thread (`common::counting`, this binary's allocator), so
+//! they too run in parallel.
 
 #[path = "../common/mod.rs"]
 mod common;
