@@ -162,6 +162,37 @@ impl Owned {
         bytes.ok_or_else(|| this.refusal(op, "X"))
     }
 
+    /// The device memory, for device operations (semantics §5).
+    pub(crate) fn device_slot(&self) -> Option<&crate::device::slot::DeviceSlot> {
+        self.home().device_slot()
+    }
+
+    /// The device memory, for an in-place device operation, if `this` is the only tensor
+    /// handle (counted as in [`Owned::write_exclusive`]); otherwise [`Error::SharedTensor`].
+    pub(crate) fn device_exclusive<'a>(
+        handle: &'a mut Handle,
+        op: &str,
+    ) -> Result<&'a crate::device::slot::DeviceSlot> {
+        let this: &'a mut Arc<Owned> = &mut handle.owned;
+        this.check(op, "X")?;
+        if Arc::strong_count(this) != 1 {
+            let _transfer = ownership_lock();
+            let handles = Arc::strong_count(this) - this.owner_refs.load(Ordering::Acquire);
+            if handles != 1 {
+                return Err(Error::SharedTensor {
+                    op: op.into(),
+                    others: handles.saturating_sub(1),
+                });
+            }
+        }
+        fence(Ordering::Acquire);
+        let this: &'a Owned = this;
+        this.home().device_slot().ok_or_else(|| Error::Device {
+            device: 0,
+            message: format!("Op [{op}]: X argument is not in device memory"),
+        })
+    }
+
     /// Whether its closed owner freed this memory.
     pub(crate) fn is_freed(&self) -> bool {
         self.home().is_freed()
@@ -287,7 +318,7 @@ impl Handle {
         if self.is_live() {
             // SAFETY: the probe of this header's home answered live just now, on this
             // thread, under `pin` (taken by the caller before this call).
-            Ok(unsafe { self.home().read_checked(pin) })
+            unsafe { self.home().read_checked(pin) }.ok_or_else(|| self.refusal(op, arg))
         } else {
             Err(self.refusal(op, arg))
         }

@@ -19,6 +19,7 @@
 //! pool tensor costs at most its header (none once the thread has spares), besides what
 //! epoch reclamation takes to defer its free.
 
+mod device;
 mod dtype;
 mod ops;
 pub(crate) mod storage;

@@ -11,6 +11,7 @@ use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
 use super::dtype::sealed::Sealed;
 use super::storage::Placement;
 use super::{contiguous_strides, element_count, with_dtype, DType, Dims, Element, Float, Tensor};
+use crate::device::{BinaryOp, UnaryOp};
 use crate::error::{Error, Result};
 use crate::memory::owner::Owned;
 use crate::reclaim;
@@ -151,16 +152,25 @@ impl Tensor {
 
     /// `self + other`, broadcasting. Integers wrap on overflow (like NumPy and PyTorch).
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("add", BinaryOp::Add, other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.zip_with::<T>("add", other, T::add_wrapping))
     }
 
     /// `self - other`, broadcasting. Integers wrap on overflow.
     pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("sub", BinaryOp::Sub, other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.zip_with::<T>("sub", other, T::sub_wrapping))
     }
 
     /// `self * other` elementwise, broadcasting. Integers wrap on overflow.
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("mul", BinaryOp::Mul, other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.zip_with::<T>("mul", other, T::mul_wrapping))
     }
 
@@ -168,6 +178,9 @@ impl Tensor {
     /// an integer division by zero, or `MIN / -1`, is [`Error::Arithmetic`] (floats follow
     /// IEEE 754: `inf`, `NaN`).
     pub fn div(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("div", BinaryOp::Div, other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let failed: std::cell::Cell<Option<(T, T)>> = std::cell::Cell::new(None);
             self.zip_checked::<T>(
@@ -198,6 +211,9 @@ impl Tensor {
 
     /// `self + value` (`value` converted to the dtype like `as`). Integers wrap.
     pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
+        if let Some(on_device) = self.device_affine("add_scalar", 1.0, value as f32) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let v = T::from_f64(value);
             self.map::<T, T>("add_scalar", move |a| a.add_wrapping(v))
@@ -206,6 +222,9 @@ impl Tensor {
 
     /// `self * value` (`value` converted to the dtype like `as`). Integers wrap.
     pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
+        if let Some(on_device) = self.device_affine("mul_scalar", value as f32, 0.0) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let v = T::from_f64(value);
             self.map::<T, T>("mul_scalar", move |a| a.mul_wrapping(v))
@@ -214,6 +233,9 @@ impl Tensor {
 
     /// `max(self, 0)`.
     pub fn relu(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("relu", UnaryOp::Relu) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let zero = T::from_f64(0.0);
             self.map::<T, T>("relu", move |a| if a > zero { a } else { zero })
@@ -223,6 +245,9 @@ impl Tensor {
     /// The gradient through a ReLU: `grad` where `self > 0`, else 0 (`self` is the ReLU's
     /// input or output).
     pub fn relu_backward(&self, grad: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("relu_backward", BinaryOp::ReluBackward, grad) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let zero = T::from_f64(0.0);
             self.zip_with::<T>("relu_backward", grad, move |x, g| if x > zero { g } else { zero })
@@ -231,6 +256,9 @@ impl Tensor {
 
     /// `1 / (1 + e^-x)`.
     pub fn sigmoid(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("sigmoid", UnaryOp::Sigmoid) {
+            return on_device;
+        }
         self.map_float(
             "sigmoid",
             |x| 1.0 / (1.0 + (-x).exp()),
@@ -240,22 +268,34 @@ impl Tensor {
 
     /// Hyperbolic tangent.
     pub fn tanh(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("tanh", UnaryOp::Tanh) {
+            return on_device;
+        }
         self.map_float("tanh", f32::tanh, f64::tanh)
     }
 
     /// `e^x`.
     pub fn exp(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("exp", UnaryOp::Exp) {
+            return on_device;
+        }
         self.map_float("exp", f32::exp, f64::exp)
     }
 
     /// Natural logarithm.
     pub fn log(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("log", UnaryOp::Log) {
+            return on_device;
+        }
         self.map_float("log", f32::ln, f64::ln)
     }
 
     /// Sum over `axis` (removing it), or of every element (`None`: a 0-d tensor). Floats
     /// use ndarray's `sum`; integers wrap on overflow. An empty sum is 0.
     pub fn sum(&self, axis: Option<usize>) -> Result<Tensor> {
+        if let Some(on_device) = self.device_reduce("sum", axis, false) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.reduce::<T>("sum", axis, false))
     }
 
@@ -264,6 +304,9 @@ impl Tensor {
     /// in ndarray (`None` there): [`Error::Shape`]. Integer means are computed in `f64`
     /// and converted back like `as` (truncating toward zero).
     pub fn mean(&self, axis: Option<usize>) -> Result<Tensor> {
+        if let Some(on_device) = self.device_reduce("mean", axis, true) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.reduce::<T>("mean", axis, true))
     }
 
@@ -353,6 +396,9 @@ impl Tensor {
 
     /// Softmax along `axis` (numerically stable: the lane's maximum is subtracted first).
     pub fn softmax(&self, axis: usize) -> Result<Tensor> {
+        if let Some(on_device) = self.device_softmax("softmax", axis, false) {
+            return on_device;
+        }
         match self.dtype {
             DType::F32 => self.softmax_typed::<f32>(axis),
             DType::F64 => self.softmax_typed::<f64>(axis),
@@ -388,6 +434,9 @@ impl Tensor {
     /// wherever the inputs are (the log of a `softmax` underflows to `-inf` for confident
     /// lanes; cross-entropy needs this form).
     pub fn log_softmax(&self, axis: usize) -> Result<Tensor> {
+        if let Some(on_device) = self.device_softmax("log_softmax", axis, true) {
+            return on_device;
+        }
         match self.dtype {
             DType::F32 => self.log_softmax_typed::<f32>(axis),
             DType::F64 => self.log_softmax_typed::<f64>(axis),
@@ -435,6 +484,9 @@ impl Tensor {
                 ),
             });
         }
+        if let Some(on_device) = self.device_matmul(other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.matmul_typed::<T>(other))
     }
 
@@ -475,12 +527,18 @@ impl Tensor {
     /// Copies `src` (broadcast to this shape) into this tensor's memory (ND4J `assign`).
     /// Needs the only handle to the memory ([`Error::SharedTensor`] otherwise).
     pub fn assign(&mut self, src: &Tensor) -> Result<()> {
+        if let Some(on_device) = self.device_update("assign", None, src) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.update::<T>("assign", src, |_, s| s))
     }
 
     /// `self += alpha * x` in place (BLAS `axpy`; an SGD step is `w.scaled_add(-lr, &g)`).
     /// Needs the only handle to the memory. Integers wrap on overflow.
     pub fn scaled_add(&mut self, alpha: f64, x: &Tensor) -> Result<()> {
+        if let Some(on_device) = self.device_update("scaled_add", Some(alpha as f32), x) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let alpha = T::from_f64(alpha);
             self.update::<T>("scaled_add", x, move |d, s| d.add_wrapping(alpha.mul_wrapping(s)))

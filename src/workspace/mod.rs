@@ -35,7 +35,7 @@ mod bump;
 mod config;
 mod manager;
 mod ring;
-mod sizing;
+pub(crate) mod sizing;
 mod slots;
 mod spill;
 mod stamp;
