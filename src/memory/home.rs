@@ -6,13 +6,14 @@
 //! handed out are the host copy's, made current first (a counted download when stale);
 //! device operations reach the device side through [`Home::device_slot`].
 //!
-//! Invariant: the bytes of a home are reachable only through [`Home::read`] (under an
-//! epoch pin), [`Home::hold_for_view`] (under a view count or a workspace view pin),
-//! [`Home::write_unshared`] (for the only tensor handle, under a pin) and
-//! [`Home::bytes_mut`] (before the home is shared), each of which first runs the validity
-//! check of semantics §3 and §4 (the workspace stamp, or the block's freed bit). A freed
-//! block goes to [`crate::reclaim`] only once no view holds it ([`Handoff`] decides who
-//! frees it, once), so a reader that passed the check keeps the memory until it unpins or
+//! Invariant: the bytes of a home are reachable only through [`Home::read_checked`] (under
+//! an epoch pin, after its [`Probe`] passed), [`Home::hold_for_view`] (under a view count or
+//! a workspace view pin), [`Home::write_unshared`] (for the only tensor handle, under a pin)
+//! and [`Home::bytes_mut`] (before the home is shared), each after the validity check of
+//! semantics §3 and §4 (the workspace stamp, or the block's freed bit; a [`Probe`] is that
+//! check with the checked word's address, for a handle to keep beside it). A freed block
+//! goes to [`crate::reclaim`] only once no view holds it ([`Handoff`] decides who frees it,
+//! once), so a reader that passed the check keeps the memory until it unpins or
 //! drops its view. This module and the workspace arena are the only places in the `ndmem`
 //! crate that turn raw memory pointers into slices.
 
@@ -29,7 +30,7 @@ use crate::error::Error;
 use crate::memory::handoff::{Handoff, ViewEntry};
 use crate::memory::MemorySource;
 use crate::reclaim::{self, Pin};
-use crate::workspace::{Stamp, ViewPin, WorkspaceMemory};
+use crate::workspace::{Stamp, StampProbe, ViewPin, WorkspaceMemory};
 
 /// Where one tensor's bytes live (views of a tensor share its home).
 pub(crate) enum Home {
@@ -71,7 +72,8 @@ pub(crate) struct PoolBlock {
 // (only circular workspaces hand memory across threads: their stamps keep the ring alive
 // and hold a counted reference to the slot, which the ring never reuses while it is held).
 unsafe impl Send for WorkspaceSlot {}
-// SAFETY: shared access only reads, through `Home::read` or a view, after the stamp check.
+// SAFETY: shared access only reads, through `Home::read_checked` or a view, after the
+// stamp check.
 unsafe impl Sync for WorkspaceSlot {}
 // SAFETY: the pointer is into the block this value owns (`Block` is Send + Sync).
 unsafe impl Send for PoolBlock {}
@@ -135,6 +137,15 @@ impl Home {
             Home::Workspace(slot) => slot.stamp.is_valid(),
             Home::Pool(block) => !block.handoff.is_freed(),
             Home::Device(home) => !home.handoff.is_freed(),
+        }
+    }
+
+    /// This home's validity check, to keep beside a handle to it (see [`Probe`]).
+    pub(crate) fn probe(&self) -> Probe {
+        match self {
+            Home::Workspace(slot) => Probe::Workspace(slot.stamp.probe()),
+            Home::Pool(block) => Probe::Handoff(NonNull::from(&block.handoff)),
+            Home::Device(home) => Probe::Handoff(NonNull::from(&home.handoff)),
         }
     }
 
@@ -214,18 +225,22 @@ impl Home {
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
     }
 
-    /// The bytes, if live, for as long as `pin` holds the epoch.
+    /// The bytes, for as long as `pin` holds the epoch, after the caller ran this home's
+    /// check itself through its [`Probe`].
+    ///
+    /// # Safety
+    /// The [`Probe`] of this home answered live on this thread after `pin` was taken.
     #[inline]
-    pub(crate) fn read<'a>(&'a self, _pin: &'a Pin) -> Option<&'a [u8]> {
-        if !self.is_live() {
-            return None;
-        }
+    pub(crate) unsafe fn read_checked<'a>(&'a self, _pin: &'a Pin) -> Option<&'a [u8]> {
         let (ptr, len) = self.raw(Access::Read)?;
-        // SAFETY: the check passed, so the memory is live: a pool block not yet handed to
-        // reclamation (and `_pin` keeps a block handed over after the check alive until the
-        // borrow ends), or workspace memory of the current generation on its owner thread
-        // (or a circular workspace, whose stamp keeps the ring alive and its slot out of
-        // the ring's reuse, so no cycle writes the bytes while we read). Shared homes are
+        // SAFETY: the probe's check is this home's (the same word, the same decision), and
+        // it passed under `pin` on this thread (the caller's contract), so the memory is
+        // live: a pool block or device memory not yet handed to reclamation (and `_pin`
+        // keeps a block handed over after the check alive until the borrow ends), or
+        // workspace memory of the current generation on its owner thread (whose word only
+        // this thread changes), or of a circular workspace, whose stamp keeps the ring alive
+        // and its slot out of the ring's reuse, so no cycle writes the bytes while we read.
+        // Shared homes are
         // written only through `write_unshared`, whose caller proves no reader exists.
         Some(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) })
     }
@@ -243,7 +258,7 @@ impl Home {
             return None;
         }
         let (ptr, len) = self.raw(Access::ReadWrite)?;
-        // SAFETY: the memory is live (see `read`); the caller guarantees no other access
+        // SAFETY: the memory is live (see `read_checked`); the caller guarantees no other access
         // for the borrow's life; if the owner frees the block concurrently, `_pin` keeps it
         // allocated until this borrow, bound to it, ends.
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
@@ -353,6 +368,38 @@ impl fmt::Debug for Home {
                 .field("len", &home.slot.len())
                 .field("freed", &home.handoff.is_freed())
                 .finish(),
+        }
+    }
+}
+
+/// [`Home::is_live`] without going through the home: the address of the word the check
+/// loads (a pool block's or device memory's hand-off, a workspace's state word) and what to compare it with.
+/// Kept beside a handle to the home, it saves the load of the home's own fields (for
+/// workspace memory, the stamp's `Arc`), so every kind of memory is checked with one load
+/// of the handle and one of the word.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Probe {
+    /// A pool block's or device memory's hand-off word: live while not freed.
+    Handoff(NonNull<Handoff>),
+    /// A workspace stamp's check.
+    Workspace(StampProbe),
+}
+
+impl Probe {
+    /// [`Home::is_live`] of the home this probe was made from.
+    ///
+    /// # Safety
+    /// That home is alive and has not moved since [`Home::probe`] (it sits in a shared
+    /// header the caller holds a reference to).
+    #[inline(always)]
+    pub(crate) unsafe fn is_live(&self) -> bool {
+        match self {
+            // SAFETY: the home, and the hand-off in it, live where they were (the caller's
+            // contract).
+            Probe::Handoff(handoff) => !unsafe { handoff.as_ref() }.is_freed(),
+            // SAFETY: the home holds the stamp the probe was made from (the caller's
+            // contract), and so the workspace state its word lives in.
+            Probe::Workspace(stamp) => unsafe { stamp.is_valid() },
         }
     }
 }

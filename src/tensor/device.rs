@@ -9,15 +9,13 @@
 //! host side was written) from tensors it borrows for its whole duration, and writes only a
 //! fresh output, or, in place, the device side of the only handle to the memory.
 
-use std::sync::Arc;
-
 use super::storage::Placement;
-use super::{contiguous_strides, element_count, DType, Tensor};
+use super::{contiguous_strides, element_count, DType, Dims, Tensor};
 use crate::device::slot::{DeviceSlot, RawRange};
 use crate::device::{BinaryOp, Device, UnaryOp};
 use crate::error::{Error, Result};
 use crate::memory::home::Home;
-use crate::memory::owner::Owned;
+use crate::memory::owner::{Handle, Owned};
 use crate::reclaim;
 
 /// An operand of a device op: its range, and the copy made to bring it there, if any.
@@ -56,7 +54,7 @@ impl Tensor {
         let slot = DeviceSlot::upload(device, &bytes[..used.min(bytes.len())])?;
         drop(pin);
         Ok(Tensor {
-            storage: Arc::new(Owned::new(Home::device(slot))),
+            storage: Handle::new(Owned::new(Home::device(slot))),
             dtype: self.dtype,
             shape: self.shape.clone(),
             strides: contiguous_strides("to_device", &self.shape)?,
@@ -126,9 +124,9 @@ impl Tensor {
         let mut range = slot.device_range(true)?;
         write(&mut range)?;
         Ok(Tensor {
-            storage: Arc::new(Owned::new(Home::device(slot))),
+            storage: Handle::new(Owned::new(Home::device(slot))),
             dtype: DType::F32,
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides: contiguous_strides(op, shape)?,
             offset: 0,
         })

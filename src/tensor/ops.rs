@@ -10,16 +10,16 @@ use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
 
 use super::dtype::sealed::Sealed;
 use super::storage::Placement;
-use super::{contiguous_strides, element_count, with_dtype, DType, Element, Float, Tensor};
+use super::{contiguous_strides, element_count, with_dtype, DType, Dims, Element, Float, Tensor};
 use crate::device::{BinaryOp, UnaryOp};
 use crate::error::{Error, Result};
 use crate::memory::owner::Owned;
 use crate::reclaim;
 
 /// The shape two shapes broadcast to (NumPy rules), or a shape error naming both.
-fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
     let n = a.len().max(b.len());
-    let mut out = vec![0; n];
+    let mut out = Dims::from_elem(0, n);
     for (i, slot) in out.iter_mut().enumerate() {
         let da = if i + a.len() >= n {
             a[i + a.len() - n]
@@ -45,6 +45,12 @@ fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     }
     Ok(out)
 }
+
+/// Float products of at most this many multiply-adds (`m * k * n`) run ndmem's own
+/// row-by-row kernel, which allocates nothing; larger ones run matrixmultiply (through
+/// ndarray's `general_mat_mul`), whose packing buffer is one heap allocation per call.
+/// The choice depends only on the shapes, so results never depend on placement.
+const SMALL_MATMUL: usize = 64 * 64 * 64;
 
 fn float_only(op: &str, dtype: DType) -> Error {
     Error::DType {
@@ -104,7 +110,7 @@ impl Tensor {
         Tensor::build::<T>(
             op,
             &shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 let dim = out.raw_dim();
                 Zip::from(&mut out)
@@ -123,7 +129,7 @@ impl Tensor {
         Tensor::build::<U>(
             op,
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(&mut out).and(&x).for_each(|o, &a| *o = f(a));
                 Ok(())
@@ -332,7 +338,7 @@ impl Tensor {
         match axis {
             None => {
                 let value = reduce_lane(x.view());
-                Tensor::build::<T>(op, &[], Placement::Auto(Some(&self.storage)), |mut out| {
+                Tensor::build::<T>(op, &[], Placement::Auto(Some(&*self.storage)), |mut out| {
                     out.fill(value);
                     Ok(())
                 })
@@ -343,7 +349,7 @@ impl Tensor {
                 Tensor::build::<T>(
                     op,
                     &shape,
-                    Placement::Auto(Some(&self.storage)),
+                    Placement::Auto(Some(&*self.storage)),
                     |mut out| {
                         Zip::from(&mut out)
                             .and(x.lanes(Axis(axis)))
@@ -373,7 +379,7 @@ impl Tensor {
         with_dtype!(self.dtype, T => {
             let pin = reclaim::pin();
             let x = self.array::<T>("argmax", "X", &pin)?;
-            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&self.storage)), |mut out| {
+            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&*self.storage)), |mut out| {
                 Zip::from(&mut out).and(x.lanes(Axis(axis))).for_each(|o, lane| {
                     let mut best = 0;
                     for (i, v) in lane.iter().enumerate() {
@@ -407,7 +413,7 @@ impl Tensor {
         Tensor::build::<T>(
             "softmax",
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
@@ -445,7 +451,7 @@ impl Tensor {
         Tensor::build::<T>(
             "log_softmax",
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
@@ -464,8 +470,9 @@ impl Tensor {
         )
     }
 
-    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): floats by
-    /// matrixmultiply (ndarray's `general_mat_mul`), integers by a wrapping dot product.
+    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): large float
+    /// products by matrixmultiply (ndarray's `general_mat_mul`), small ones and integers
+    /// (wrapping) by a row-by-row kernel that allocates nothing.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.same_dtype("matmul", other)?;
         if self.ndim() != 2 || other.ndim() != 2 || self.shape[1] != other.shape[0] {
@@ -485,34 +492,34 @@ impl Tensor {
 
     fn matmul_typed<T: Element>(&self, other: &Tensor) -> Result<Tensor> {
         let pin = reclaim::pin();
-        let a = two_d(self.array::<T>("matmul", "X", &pin)?);
-        let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
-        let shape = [self.shape[0], other.shape[1]];
-        Tensor::build::<T>(
-            "matmul",
-            &shape,
-            Placement::Auto(Some(&self.storage)),
-            |out| {
+        let (m, k, n) = (self.shape[0], self.shape[1], other.shape[1]);
+        let shape = [m, n];
+        let placement = Placement::Auto(Some(&*self.storage));
+        if T::DTYPE.is_float() && m.saturating_mul(k).saturating_mul(n) > SMALL_MATMUL {
+            let a = two_d(self.array::<T>("matmul", "X", &pin)?);
+            let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
+            return Tensor::build::<T>("matmul", &shape, placement, |out| {
                 let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
                     op: "matmul".into(),
                     message: format!("output is not 2-d: {e}"),
                 })?;
-                if T::DTYPE.is_float() {
-                    general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
-                } else {
-                    Zip::from(c.rows_mut())
-                        .and(a.rows())
-                        .for_each(|mut c_row, a_row| {
-                            Zip::from(&mut c_row).and(b.columns()).for_each(|c, b_col| {
-                                *c = a_row.iter().zip(b_col).fold(T::zero(), |acc, (x, y)| {
-                                    acc.add_wrapping(x.mul_wrapping(*y))
-                                });
-                            });
-                        });
-                }
+                // Packs through a buffer matrixmultiply allocates per call: one heap
+                // allocation, over more than SMALL_MATMUL multiply-adds.
+                general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
                 Ok(())
-            },
-        )
+            });
+        }
+        let a = self.elements::<T>("matmul", "X", &pin)?;
+        let b = other.elements::<T>("matmul", "Y", &pin)?;
+        let (a_strides, b_strides) = (
+            (self.strides[0], self.strides[1]),
+            (other.strides[0], other.strides[1]),
+        );
+        Tensor::build::<T>("matmul", &shape, placement, |mut out| {
+            let c = out.as_slice_mut().expect("fresh outputs are contiguous");
+            small_matmul(a, a_strides, b, b_strides, (m, k, n), c);
+            Ok(())
+        })
     }
 
     // ---- in place: only on the sole handle of a tensor ---------------------------
@@ -541,7 +548,7 @@ impl Tensor {
     fn update<T: Element>(&mut self, op: &str, src: &Tensor, f: impl Fn(T, T) -> T) -> Result<()> {
         self.same_dtype(op, src)?;
         let shape = broadcast_shape(op, &self.shape, &src.shape)?;
-        if shape != self.shape {
+        if shape[..] != self.shape[..] {
             return Err(Error::Shape {
                 op: op.into(),
                 message: format!(
@@ -605,7 +612,7 @@ impl Tensor {
             self.copy()?
         };
         Ok(Tensor {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             ..base
         })
@@ -616,7 +623,7 @@ impl Tensor {
         self.storage.check("broadcast_to", "X")?;
         let target = broadcast_shape("broadcast_to", &self.shape, shape)?;
         element_count("broadcast_to", shape, self.dtype.size())?;
-        if target != shape {
+        if target[..] != *shape {
             return Err(Error::Shape {
                 op: "broadcast_to".into(),
                 message: format!("{:?} cannot be broadcast to {shape:?}", self.shape),
@@ -635,10 +642,94 @@ impl Tensor {
             })
             .collect();
         Ok(Tensor {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             ..self.clone()
         })
+    }
+}
+
+/// `c = a @ b` for an `[m, k]` matrix `a` and a `[k, n]` matrix `b`, each given as its
+/// elements from its first one and its strides in elements, into the row-major `[m, n]`
+/// slice `c`, tile by tile: each tile of `c` (up to 4 rows by 8 columns) is summed in
+/// registers over all of `p`, then stored. Each `c[i, j]` starts at zero and adds
+/// `a[i, p] * b[p, j]` for `p` in order (integers wrap), so the result depends only on the
+/// values, never on the tiling.
+fn small_matmul<T: Element>(
+    a: &[T],
+    a_strides: (usize, usize),
+    b: &[T],
+    b_strides: (usize, usize),
+    (m, k, n): (usize, usize, usize),
+    c: &mut [T],
+) {
+    let operands = Operands {
+        a,
+        a_strides,
+        b,
+        b_strides,
+        k,
+        n,
+    };
+    let mut i = 0;
+    while i + 4 <= m {
+        operands.row_block::<4>(i, c);
+        i += 4;
+    }
+    while i < m {
+        operands.row_block::<1>(i, c);
+        i += 1;
+    }
+}
+
+/// The operands of [`small_matmul`].
+struct Operands<'a, T> {
+    a: &'a [T],
+    a_strides: (usize, usize),
+    b: &'a [T],
+    b_strides: (usize, usize),
+    k: usize,
+    n: usize,
+}
+
+impl<T: Element> Operands<'_, T> {
+    /// Rows `i..i + R` of the product into `c`, in tiles 8, 4, 2 and 1 columns wide.
+    fn row_block<const R: usize>(&self, i: usize, c: &mut [T]) {
+        let mut j = 0;
+        while j + 8 <= self.n {
+            self.tile::<R, 8>(i, j, c);
+            j += 8;
+        }
+        if j + 4 <= self.n {
+            self.tile::<R, 4>(i, j, c);
+            j += 4;
+        }
+        if j + 2 <= self.n {
+            self.tile::<R, 2>(i, j, c);
+            j += 2;
+        }
+        if j < self.n {
+            self.tile::<R, 1>(i, j, c);
+        }
+    }
+
+    /// `c[i..i + R, j..j + W]`, summed over `p` in order.
+    #[inline(always)]
+    fn tile<const R: usize, const W: usize>(&self, i: usize, j: usize, c: &mut [T]) {
+        let ((a0, a1), (b0, b1)) = (self.a_strides, self.b_strides);
+        let mut sums = [[T::zero(); W]; R];
+        for p in 0..self.k {
+            let x: [T; R] = std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1]);
+            let y: [T; W] = std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1]);
+            for (row, x) in sums.iter_mut().zip(x) {
+                for (sum, y) in row.iter_mut().zip(y) {
+                    *sum = sum.add_wrapping(x.mul_wrapping(y));
+                }
+            }
+        }
+        for (r, row) in sums.iter().enumerate() {
+            c[(i + r) * self.n + j..][..W].copy_from_slice(row);
+        }
     }
 }
 

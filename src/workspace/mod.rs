@@ -47,9 +47,11 @@ pub use config::{
     WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
 };
 pub(crate) use manager::all_workspaces_with_source;
+pub(crate) use manager::parent_of_current_is;
 pub use manager::{
     all_workspaces, allocate_in, allocate_in_current, allocate_in_parent, parent_of_current,
     workspaces, ScopeOut, WorkspaceGuard, Workspaces,
 };
+pub(crate) use stamp::StampProbe;
 pub use stamp::{Stamp, ViewPin, WorkspaceMemory};
 pub use stats::WorkspaceStats;
