@@ -20,6 +20,10 @@
 
 use std::fmt;
 
+mod tally;
+
+pub use tally::{Counts, Ledger, Reserves, Tally};
+
 use crate::sync::{spin_loop, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 
 /// The limit of a budget without one: large enough never to be reached, small enough that
