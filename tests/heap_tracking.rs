@@ -316,35 +316,37 @@ fn idle_threads_do_not_strand_the_headroom() {
         })
         .collect();
     ready.wait();
+    heap::reset_peak();
     let before = heap::stats();
     let headroom = limit - before.live_bytes;
     let largest = largest_allocation(headroom);
+    // The figures stay exact through the recall.
+    let big: Vec<u8> = Vec::with_capacity(largest);
+    let during = heap::stats();
+    drop(big);
+    let after = heap::stats();
+    done.wait();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    drop((ready, done));
+    // Checked with the limit lifted: a failed assertion's backtrace allocates.
+    heap::set_limit(None).unwrap();
     assert!(
         largest * 10 >= headroom * 9,
         "with {THREADS} idle threads the largest allocation is {largest} bytes of a \
          headroom of {headroom} ({:.0}%)",
         largest as f64 * 100.0 / headroom as f64
     );
-    // The figures stay exact through the recall.
-    let big: Vec<u8> = Vec::with_capacity(largest);
-    let during = heap::stats();
     assert_eq!(during.live_bytes, before.live_bytes + largest);
     assert!(during.reserved_bytes <= limit, "{during:?}");
     assert!(during.peak_bytes <= limit, "{during:?}");
-    drop(big);
-    let after = heap::stats();
     assert_eq!(after.live_bytes, before.live_bytes);
     assert_eq!(
         after.total_allocated_bytes - before.total_allocated_bytes,
         after.total_freed_bytes - before.total_freed_bytes,
         "every byte allocated since was freed"
     );
-    done.wait();
-    for worker in workers {
-        worker.join().unwrap();
-    }
-    drop((ready, done));
-    heap::set_limit(None).unwrap();
     let end = heap::stats();
     assert_eq!(
         end.live_bytes, start_live,

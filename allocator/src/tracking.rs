@@ -154,8 +154,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
             unsafe { self.inner.dealloc(ptr, layout) };
         } else {
             // SAFETY: as above.
-            unsafe { self.inner.dealloc(ptr, layout) };
-            settle();
+            unsafe { dealloc_then_settle(&self.inner, ptr, layout) };
         }
     }
 
@@ -197,6 +196,20 @@ fn take_slow(size: usize) -> bool {
 fn register() {
     ACTIVE.store(true, Ordering::Relaxed);
     exit_hook::arm();
+}
+
+/// The cold end of a free: the memory goes back first, then the cell's excess (a separate
+/// function, so that the hot path's inner `dealloc` stays a tail call).
+///
+/// # Safety
+///
+/// As [`GlobalAlloc::dealloc`] on `inner`.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_then_settle<A: GlobalAlloc>(inner: &A, ptr: *mut u8, layout: Layout) {
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { inner.dealloc(ptr, layout) };
+    settle();
 }
 
 #[cold]
