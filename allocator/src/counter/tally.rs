@@ -757,3 +757,76 @@ fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 }
+
+#[cfg(all(test, not(ndmem_loom)))]
+mod tests {
+    use super::*;
+
+    fn alloc(tally: &Tally, ledger: &Ledger<4>, size: usize) -> bool {
+        if !tally.try_take(size) && !tally.take_slow(ledger, size, || {}) {
+            return false;
+        }
+        if !tally.allocated(size) {
+            tally.settle(ledger);
+        }
+        true
+    }
+
+    fn free(tally: &Tally, ledger: &Ledger<4>, size: usize) {
+        if !tally.freed(size) {
+            tally.settle(ledger);
+        }
+    }
+
+    #[test]
+    fn a_refusal_recalls_an_idle_threads_reserve() {
+        const LIMIT: usize = 8 << 20;
+        let ledger = Ledger::<4>::new(Some(LIMIT));
+        let idle = Tally::new();
+        assert!(alloc(&idle, &ledger, 100_000));
+        free(&idle, &ledger, 100_000);
+        assert!(ledger.reserves().total() > 0, "{ledger:?}");
+        let stranded = idle.cell();
+        assert!(stranded <= 2 * MAX_CELL, "{idle:?}");
+        let tally = Tally::new();
+        assert!(alloc(&tally, &ledger, LIMIT - stranded), "{ledger:?}");
+        assert!(!alloc(&tally, &ledger, 1), "the limit holds");
+        assert_eq!(ledger.reserves().total(), 0);
+        free(&tally, &ledger, LIMIT - stranded);
+        tally.flush(&ledger);
+        idle.flush(&ledger);
+        let live = ledger.live().read();
+        assert_eq!(live.value, 0);
+        assert_eq!(live.peak, LIMIT - stranded);
+        let counts = ledger.counts();
+        assert_eq!((counts.allocations, counts.deallocations), (2, 2));
+        assert_eq!(counts.freed_bytes, live.total);
+        tally.retire(&ledger);
+        idle.retire(&ledger);
+        assert_eq!(ledger.budget().used(), 0);
+    }
+
+    #[test]
+    fn pairs_stay_in_the_cell_and_the_figures_stay_exact() {
+        let ledger = Ledger::<4>::new(None);
+        let tally = Tally::new();
+        assert!(alloc(&tally, &ledger, 1000));
+        let used = ledger.budget().used();
+        for _ in 0..10_000 {
+            assert!(alloc(&tally, &ledger, 64));
+            free(&tally, &ledger, 64);
+        }
+        assert_eq!(ledger.budget().used(), used, "no refill, no spill");
+        // Published every 4096 allocations or frees, without the thread's own flush.
+        let lag = 10_001 - ledger.counts().allocations;
+        assert!(lag > 0 && lag <= u64::from(FLUSH_OPS), "{lag}");
+        free(&tally, &ledger, 1000);
+        tally.flush(&ledger);
+        let counts = ledger.counts();
+        assert_eq!((counts.allocations, counts.deallocations), (10_001, 10_001));
+        let live = ledger.live().read();
+        assert_eq!((live.value, live.peak), (0, 1064));
+        assert_eq!(live.total, 1000 + 64 * 10_000);
+        assert_eq!(counts.freed_bytes, live.total);
+    }
+}
