@@ -419,13 +419,14 @@ fn warn(parts: &[&[u8]]) {
 ///   only if the bytes are live or in other threads' cells. A thread's cell and reserve go
 ///   back when it exits (a pthread key destructor). No allocation is ever served past the
 ///   limit.
-/// - *statistics lag*: a thread publishes its live bytes at once when its unpublished net
-///   bytes reach 4 MiB, within 64 of its own operations once they reach 256 KiB, and all
-///   its figures after 4096 allocations, 4096 frees or 4096 reallocations, and whenever
-///   it returns budget. So the live figure can lag by less than 4 MiB per other thread
-///   (less than 256 KiB per thread that has done 64 operations since its net bytes passed
-///   that), and the counts (allocations, bytes allocated and freed) by 4096 operations of
-///   each kind per other thread. Each thread also
+/// - *statistics lag*: a thread checks its unpublished net bytes whenever its cell runs
+///   dry or overflows (so before they move by more than its cell, 128 KiB at most) and
+///   publishes its live bytes when they reach 4 MiB, or 256 KiB once 64 of its own
+///   operations passed since it last did; it publishes all its figures after 4096
+///   allocations, 4096 frees or 4096 reallocations, and whenever it returns budget. So the
+///   live figure can lag by less than 4 MiB + 128 KiB per other thread, and the counts
+///   (allocations, bytes allocated and freed) by 4096 operations of each kind per other
+///   thread. Each thread also
 ///   keeps the high-water mark of its unpublished net bytes and publishes it to the peak
 ///   with its live bytes, so no excursion between publications is lost: the peak is the
 ///   highest live figure, each thread's own excursions added to the others' figures as

@@ -32,13 +32,13 @@
 //! exceeds the reserved total; budget leaves a cell only after the net it would cover is
 //! published.
 //!
-//! The hot paths compare against two precomputed thresholds and count two countdowns:
-//! `floor` (an allocation that would leave less in the cell, or more than 256 KiB of
-//! unpublished net, takes the cold path), `ceiling` (likewise a free that would leave the
-//! cell above twice its target, or more than 256 KiB of unpublished frees), and
-//! `allocs_left`/`frees_left` (4096 operations of each between full publications). The
-//! freed bytes are not counted on the hot path at all: between publications they are
-//! `allocated - published net`.
+//! The hot paths test the cell and two countdowns, nothing else: an allocation takes the
+//! cold path when the cell runs dry, a free when the cell passes twice its target, and
+//! either after 4096 operations of its kind (a full publication). Because the cell holds at
+//! most `2 x target <= 128 KiB`, the net cannot move by more than that between cold paths,
+//! which is where the net's own bounds (publish at 4 MiB, or at 256 KiB after 64
+//! operations) are checked. The freed bytes are not counted on the hot path at all:
+//! between publications they are `allocated - published net`.
 
 use std::cell::Cell;
 use std::fmt;
@@ -66,7 +66,6 @@ const CELL_SHARE: usize = 256;
 /// Rounds of recall a refused reservation makes while recalls still find budget.
 const RECALL_ROUNDS: usize = 4;
 
-const SOON: isize = FLUSH_NET_SOON as isize;
 const NO_SLOT: usize = usize::MAX;
 const NEW: u8 = 0;
 const REGISTERED: u8 = 1;
@@ -336,9 +335,7 @@ impl<const N: usize> Ledger<N> {
 pub struct Tally {
     /// Unspent budget in the cell (never negative).
     budget: Cell<isize>,
-    /// The fast allocation path needs `budget - size >= floor` (`floor >= 0`).
-    floor: Cell<isize>,
-    /// The fast free path needs `budget + size <= ceiling`.
+    /// The fast free path needs `budget + size <= ceiling` (twice the target).
     ceiling: Cell<isize>,
     /// `budget + unpublished net bytes`.
     base: Cell<isize>,
@@ -374,7 +371,6 @@ impl Tally {
     pub const fn new() -> Tally {
         Tally {
             budget: Cell::new(0),
-            floor: Cell::new(0),
             ceiling: Cell::new(0),
             base: Cell::new(0),
             low: Cell::new(0),
@@ -397,7 +393,7 @@ impl Tally {
     pub fn try_take(&self, size: usize) -> bool {
         // No overflow: budget >= 0 and size <= isize::MAX (a `Layout`'s bound).
         let budget = self.budget.get() - size as isize;
-        if budget < self.floor.get() {
+        if budget < 0 {
             return false;
         }
         self.budget.set(budget);
@@ -491,10 +487,7 @@ impl Tally {
         }
         let reallocs = self.reallocs.get() + 1;
         self.reallocs.set(reallocs);
-        reallocs < FLUSH_OPS
-            && self.saved_allocs_left.get() == 0
-            && budget <= self.ceiling.get()
-            && budget >= self.floor.get()
+        reallocs < FLUSH_OPS && self.saved_allocs_left.get() == 0 && budget <= self.ceiling.get()
     }
 
     /// The cold end of an operation: publishes what passed its bound, gives back what the
@@ -628,7 +621,7 @@ impl Tally {
 
     /// Adds `need` bytes and the cell target to the cell: from the reserve, else from the
     /// budget (with a new batch for the reserve), else the bare `need` after recalling
-    /// every reserve. `false` (having kept what it got) when even that is refused.
+    /// every reserve. `false` (having given back what it got) when even that is refused.
     fn refill<const N: usize>(&self, ledger: &Ledger<N>, need: usize) -> bool {
         let (target, batch) = self.targets(ledger);
         self.target.set(target as isize);
@@ -652,7 +645,13 @@ impl Tally {
                 false
             }
         };
-        self.shift(got as isize);
+        if ok {
+            self.shift(got as isize);
+        } else if got != 0 {
+            // Refused: what came from the reserve goes back to the budget rather than
+            // stay in this cell, out of the other threads' reach.
+            ledger.budget.release(got);
+        }
         ok
     }
 
@@ -701,22 +700,16 @@ impl Tally {
         ledger.live.publish(net, high);
     }
 
-    /// Sets the thresholds of the hot paths from the cell, its target and the net.
+    /// Sets the threshold of the free path: twice the cell target. (The allocation path
+    /// goes cold when the cell runs dry.) An unregistered or exited thread holds no
+    /// budget, so every allocation and every free takes the cold path.
     fn rethreshold(&self) {
-        if self.state.get() == REGISTERED {
-            let base = self.base.get();
-            // Cold when the net would reach FLUSH_NET_SOON, or the cell run dry.
-            self.floor.set((base - SOON + 1).max(0));
-            // Cold when the frees would reach FLUSH_NET_SOON, or the cell pass twice its
-            // target.
-            self.ceiling
-                .set((2 * self.target.get()).min(base + SOON - 1));
+        let ceiling = if self.state.get() == REGISTERED {
+            2 * self.target.get()
         } else {
-            // An unregistered or exited thread holds no budget: every allocation and
-            // every free takes the cold path.
-            self.floor.set(0);
-            self.ceiling.set(0);
-        }
+            0
+        };
+        self.ceiling.set(ceiling);
     }
 }
 
