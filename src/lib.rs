@@ -257,6 +257,8 @@ mod error;
 #[cfg(not(ndmem_loom))]
 pub mod memory;
 #[cfg(not(ndmem_loom))]
+pub mod prefetch;
+#[cfg(not(ndmem_loom))]
 pub mod reclaim;
 #[cfg(not(ndmem_loom))]
 pub mod scope;
@@ -284,6 +286,8 @@ pub use error::{Error, Result};
 pub use memory::MemorySource;
 #[cfg(not(ndmem_loom))]
 pub use ndmem_alloc as alloc;
+#[cfg(not(ndmem_loom))]
+pub use prefetch::{shield, Batch, Prefetch};
 #[cfg(not(ndmem_loom))]
 pub use scope::Scope;
 #[cfg(not(ndmem_loom))]
