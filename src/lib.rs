@@ -21,6 +21,8 @@
 //! 4. **Homes and owners** (internal): where a tensor's bytes live, and who owns them.
 //! 5. **Tensors** ([`Tensor`]): n-dimensional arrays, `Send` and `Sync`, checked on every use.
 //! 6. **Scopes** ([`Scope`]): ownership trees in the style of DJL's `NDManager`.
+//! 7. **Prefetch** ([`Prefetch`], [`shield`]): batches built ahead by a producer thread in a
+//!    circular workspace, in the style of ND4J's `AsyncDataSetIterator`.
 //!
 //! Without a workspace or a scope, a tensor's memory is a pool block owned by its handles:
 //!

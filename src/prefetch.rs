@@ -365,9 +365,7 @@ fn produce<I, B>(
             return;
         }
         let built = catch_unwind(AssertUnwindSafe(|| {
-            let Some(item) = items.next() else {
-                return None;
-            };
+            let item = items.next()?;
             Some(
                 ws.get_and_activate(config, name)
                     .and_then(|_cycle| build(item)),

@@ -18,7 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["memory::home"],
     &["memory::owner"],
     &["tensor"],
-    &["scope"],
+    &["scope", "prefetch"],
 ];
 
 /// Inside `workspace/`: each module may use only those before it (and `mod` re-exports all).
