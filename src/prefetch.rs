@@ -324,10 +324,13 @@ impl PrefetchBuilder {
                         &to_consumer,
                         &stopping,
                     );
-                    drop(to_consumer); // the consumer sees the end after the queued batches
-                    let _ = stopped.recv(); // until the iterator is dropped
-                                            // The batches are gone or in the consumer's hands: end the ring here,
-                                            // on its own thread (held batches then fail, semantics §2.2).
+                    // What the items and the build hold goes now, not at the drop; the
+                    // consumer sees the end of the stream after the queued batches.
+                    drop((items, build, to_consumer));
+                    // Wait until the iterator is dropped: then the batches are gone or in
+                    // the consumer's hands, and the ring ends here, on its own thread
+                    // (held batches then fail, semantics §2.2).
+                    let _ = stopped.recv();
                     let _ = workspaces().destroy(&name);
                 })
                 .map_err(|e| Error::Prefetch {
