@@ -96,6 +96,12 @@ struct Window {
 /// iterator, and while the iterator lives. After that, `get` and `detach` return
 /// [`Error::PrefetchWindow`] instead of the data; [`detach`](Batch::detach) it in time to
 /// keep it. Batches of [`shield`] never expire.
+///
+/// The check is made at each call: call `get` where the data is used rather than keeping
+/// the reference across `next` calls. A tensor cloned out of the batch is not checked
+/// against the window, but it is never stale either: its memory stays intact while it
+/// lives (semantics §2.4), until the iterator is dropped (then it is a leaked workspace
+/// pointer, semantics §3).
 #[derive(Debug)]
 pub struct Batch<B> {
     data: B,
