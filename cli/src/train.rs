@@ -425,7 +425,7 @@ fn run_mode(
 
         let started = Instant::now();
         let loss = trainer
-            .step(&x, &y, options.lr)
+            .step(x, y, options.lr)
             .map_err(|e| format!("at step {}: {e}", series.loss.len() + 1))?;
         let took = started.elapsed();
         elapsed += took;
