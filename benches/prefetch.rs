@@ -82,7 +82,16 @@ fn arg(name: &str, default: u64) -> u64 {
         .map_or(default, |v| v.parse().expect("a number"))
 }
 
+/// The 1-, 5- and 15-minute load averages (`/proc/loadavg`), for the record: the figure
+/// means something only when two cores are free.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
 fn main() {
+    let load_before = load();
     let count = arg("--batches", 2000);
     let micros = arg("--micros", 200);
     let capacity = arg("--capacity", 2) as usize;
@@ -122,4 +131,9 @@ fn main() {
     println!("  shield (no prefetch): {without:>8.0} batches/s");
     println!("  prefetch:             {with:>8.0} batches/s");
     println!("  speed-up:             {:>8.2}x", with / without);
+    println!(
+        "  load average {load_before} before, {} after, on {} cores",
+        load(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
 }
