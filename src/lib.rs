@@ -18,10 +18,12 @@
 //! 2. **Memory source** ([`MemorySource`]): the pool memory is drawn from (the global one
 //!    unless a program makes its own).
 //! 3. **Workspaces** ([`workspaces`]): per-thread cyclic bump arenas.
-//! 4. **Homes and owners** (internal): where a tensor's bytes live, and who owns them.
-//! 5. **Tensors** ([`Tensor`]): n-dimensional arrays, `Send` and `Sync`, checked on every use.
-//! 6. **Scopes** ([`Scope`]): ownership trees in the style of DJL's `NDManager`.
-//! 7. **Prefetch** ([`Prefetch`], [`shield`]): batches built ahead by a producer thread in a
+//! 4. **Devices** ([`device`]): GPUs (CUDA through cudarc, or a simulated device) with a
+//!    pool and an exact limit each, pinned staging, mirrored buffers and device workspaces.
+//! 5. **Homes and owners** (internal): where a tensor's bytes live, and who owns them.
+//! 6. **Tensors** ([`Tensor`]): n-dimensional arrays, `Send` and `Sync`, checked on every use.
+//! 7. **Scopes** ([`Scope`]): ownership trees in the style of DJL's `NDManager`.
+//! 8. **Prefetch** ([`Prefetch`], [`shield`]): batches built ahead by a producer thread in a
 //!    circular workspace, in the style of ND4J's `AsyncDataSetIterator`.
 //!
 //! Without a workspace or a scope, a tensor's memory is a pool block owned by its handles:
@@ -214,8 +216,9 @@
 //!
 //! Limits come from the environment: `NDMEM_MAX_HEAP` (the tracking allocator's live bytes;
 //! unlimited by default), `NDMEM_MAX_BYTES` (what the pool holds, workspaces included; half of
-//! RAM), `NDMEM_MAX_PHYSICAL_BYTES` (the resident set size) and `NDMEM_MAX_DEVICE_BYTES` (for
-//! the device layer, not built yet). Sizes read `64K`, `1.5G`, `50%` (of RAM); `0` means no
+//! RAM), `NDMEM_MAX_PHYSICAL_BYTES` (the resident set size) and `NDMEM_MAX_DEVICE_BYTES` (what
+//! each device's pool holds). Sizes read `64K`, `1.5G`, `50%` (of RAM, or of the device's
+//! memory for a device); `0` means no
 //! limit; garbage is an error naming the variable. `NDMEM_WORKSPACES=spill_everything` or
 //! `bypass` makes workspaces a debugging aid. Limits hold exactly under any number of threads;
 //! at a limit the pool flushes deferred frees and its cache, then fails with a value whose
@@ -255,6 +258,8 @@
 #![warn(missing_docs)]
 
 #[cfg(not(ndmem_loom))]
+pub mod device;
+#[cfg(not(ndmem_loom))]
 mod error;
 #[cfg(not(ndmem_loom))]
 pub mod memory;
@@ -282,6 +287,8 @@ pub mod workspace_slots;
 #[path = "workspace/state.rs"]
 pub mod workspace_state;
 
+#[cfg(not(ndmem_loom))]
+pub use device::Device;
 #[cfg(not(ndmem_loom))]
 pub use error::{Error, Result};
 #[cfg(not(ndmem_loom))]

@@ -50,6 +50,22 @@ pub(crate) fn defer_free(block: Block<'static>) {
     }
 }
 
+/// Runs `free` once no thread pinned now can still be reading the `bytes` it releases; the
+/// device layer frees device and pinned host buffers this way (semantics §5, §6).
+pub(crate) fn defer_with(bytes: usize, free: impl FnOnce() + Send + 'static) {
+    let pending = PENDING.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    let guard = epoch::pin();
+    guard.defer(move || {
+        free();
+        PENDING.fetch_sub(bytes, Ordering::Relaxed);
+    });
+    guard.flush();
+    drop(guard);
+    if pending > AUTO_COLLECT_BYTES {
+        collect();
+    }
+}
+
 /// Forces pending frees: advances the epoch until everything deferred is released or a
 /// thread still pinned holds it back (the `invokeGc` of this runtime). Returns the bytes
 /// freed by this call.

@@ -12,7 +12,7 @@ use clap::error::ErrorKind;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::modes::Mode;
-use crate::train::TrainOptions;
+use crate::train::{DeviceSpec, TrainOptions};
 
 /// ndmem: memory accounting for tensor workloads. Without a subcommand, runs `train`.
 #[derive(Debug, Parser)]
@@ -107,6 +107,11 @@ pub struct TrainArgs {
     /// default: NDMEM_MAX_BYTES or half of RAM.
     #[arg(long, value_name = "SIZE", allow_negative_numbers = true, value_parser = size)]
     pub max_bytes: Option<usize>,
+    /// Train on a device: `cuda:N` (`cuda` is `cuda:0`) or `sim` (a device simulated in
+    /// host memory); the weights live there and each step copies its batch in and its loss
+    /// out.
+    #[arg(long, value_name = "DEVICE", value_parser = device_spec)]
+    pub device: Option<DeviceSpec>,
     /// Directory for ndmem-report.json and ndmem-report.svg.
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub out_dir: PathBuf,
@@ -131,6 +136,7 @@ impl TrainArgs {
             seed: self.seed,
             max_bytes: self.max_bytes,
             prefetch: self.prefetch,
+            device: self.device,
             out_dir: self.out_dir.clone(),
             json: self
                 .json
@@ -232,6 +238,10 @@ fn size(text: &str) -> Result<usize, String> {
         )),
         Err(other) => Err(other.to_string()),
     }
+}
+
+fn device_spec(text: &str) -> Result<DeviceSpec, String> {
+    DeviceSpec::parse(text)
 }
 
 /// How parsing ended when it did not produce a [`Cli`].

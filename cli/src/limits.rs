@@ -1,16 +1,13 @@
 //! `ndmem limits`: the effective memory limits and where each came from, the workspace
-//! debug mode, the tracking allocator's heap statistics, the pool's figures, and whether a
-//! CUDA driver is present.
+//! debug mode, the tracking allocator's heap statistics, the pool's figures, and each CUDA
+//! device with its memory and its limit (or why there is none).
 //!
 //! Invariant: it reports, it does not change, and it works under any limit: it allocates
-//! nothing from the pool, and the CUDA probe loads the driver library without calling
-//! into it.
-
-#![allow(unsafe_code)]
-
-use std::ffi::CStr;
+//! nothing from the pool (opening a device takes no pool memory), and without a driver the
+//! device probe loads nothing and fails with its reason.
 
 use ndmem::alloc::{heap, physical_ram, ByteSize, LimitSource, Pool};
+use ndmem::device;
 
 use crate::env::{Environment, WorkspaceDebug};
 use crate::out::outln;
@@ -58,14 +55,18 @@ pub fn run(environment: &Environment) -> Result<(), Failure> {
         "max_bytes + RAM/4, <= 90% RAM",
     );
     match &environment.device_percent {
-        // A share of each device's memory: only the device layer knows that memory, so
-        // the figure is not a share of host RAM, and nothing applies it yet.
+        // A share of each device's memory, not of host RAM: resolved per device when the
+        // device is opened (listed below).
         Some(percent) => {
             outln!(
                 "  {:<24} {percent:>12}  of each device, from the environment",
                 "NDMEM_MAX_DEVICE_BYTES"
             );
-            outln!("  {:<24} {:>12}  unresolved: no device layer yet", "", "");
+            outln!(
+                "  {:<24} {:>12}  resolved against each device's memory",
+                "",
+                ""
+            );
         }
         None => row(
             "NDMEM_MAX_DEVICE_BYTES",
@@ -125,45 +126,25 @@ pub fn run(environment: &Environment) -> Result<(), Failure> {
         p.allocations,
         p.os_allocations
     );
-    match cuda_driver() {
-        Ok(()) => outln!(
-            "CUDA driver: present ({} loads)",
-            CUDA_LIBRARY.to_string_lossy()
-        ),
-        Err(why) => {
+    match device::cuda_device_count() {
+        Ok(0) => outln!("CUDA driver: present, no CUDA device; device memory is unused"),
+        Ok(count) => {
+            outln!("CUDA driver: present, {count} device(s)");
+            for ordinal in 0..count {
+                match device::cuda(ordinal) {
+                    Ok(gpu) => outln!("  {}", gpu.describe()),
+                    Err(e) => outln!("  cuda:{ordinal}: {e}"),
+                }
+            }
+        }
+        Err(e) if device::cuda_driver_present() => {
+            outln!("CUDA driver: present, no usable device; device memory is unused");
+            outln!("  ({e})");
+        }
+        Err(e) => {
             outln!("CUDA driver: not found; device memory is unused");
-            outln!("  ({why})");
+            outln!("  ({e})");
         }
     }
-    Ok(())
-}
-
-/// The CUDA driver library's name.
-const CUDA_LIBRARY: &CStr = c"libcuda.so.1";
-
-/// Whether the CUDA driver library can be loaded, without linking against it.
-fn cuda_driver() -> Result<(), String> {
-    let name = CUDA_LIBRARY;
-    // SAFETY: `name` is a NUL-terminated string; dlopen with RTLD_LAZY only maps the
-    // library (running its initialisers, as any CUDA program does); the handle is closed
-    // at once and no symbol of it is used.
-    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns null or a NUL-terminated string valid until the next
-        // dl* call on this thread; it is copied before any such call.
-        let reason = unsafe {
-            let message = libc::dlerror();
-            if message.is_null() {
-                "dlopen failed".to_string()
-            } else {
-                std::ffi::CStr::from_ptr(message)
-                    .to_string_lossy()
-                    .into_owned()
-            }
-        };
-        return Err(reason);
-    }
-    // SAFETY: `handle` came from a successful dlopen and is closed exactly once.
-    unsafe { libc::dlclose(handle) };
     Ok(())
 }

@@ -15,6 +15,7 @@
 //! Invariant: a step does the same arithmetic in every mode (see `model`); only placement
 //! differs, so the loss curves agree bit for bit.
 
+use ndmem::device::Device;
 use ndmem::{reclaim, workspaces, Result, Scope, Tensor, WorkspaceConfig, WorkspaceGuard};
 
 use crate::model::{Dims, Mlp};
@@ -74,6 +75,8 @@ pub struct Trainer {
     base: Option<Scope>,
     /// Configuration of the step and evaluation workspaces (`workspaces` mode).
     config: WorkspaceConfig,
+    /// The device the parameters live on, if any: each step copies its batch there.
+    device: Option<Device>,
 }
 
 impl Trainer {
@@ -92,7 +95,30 @@ impl Trainer {
             model,
             base,
             config: WorkspaceConfig::default(),
+            device: None,
         })
+    }
+
+    /// The same trainer with its parameters on `device`: its steps run there, copying
+    /// only their batch in and their loss out (semantics §5.8).
+    pub fn on_device(mut self, device: &Device) -> Result<Trainer> {
+        let m = &self.model;
+        self.model = Mlp {
+            w1: m.w1.to_device(device)?,
+            b1: m.b1.to_device(device)?,
+            w2: m.w2.to_device(device)?,
+            b2: m.b2.to_device(device)?,
+        };
+        self.device = Some(device.clone());
+        Ok(self)
+    }
+
+    /// `t` on the trainer's device, or `t` itself without one.
+    fn placed(&self, t: Tensor) -> Result<Tensor> {
+        match &self.device {
+            Some(device) => t.to_device(device),
+            None => Ok(t),
+        }
     }
 
     /// One SGD step on a batch of `x.len() / inputs` rows with one-hot targets `y`;
@@ -105,8 +131,8 @@ impl Trainer {
             let batch = base.child("batch")?;
             let loss = {
                 let (x, y) = (
-                    batch.from_slice(x, &x_shape)?,
-                    batch.from_slice(y, &y_shape)?,
+                    self.placed(batch.from_slice(x, &x_shape)?)?,
+                    self.placed(batch.from_slice(y, &y_shape)?)?,
                 );
                 let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
                 self.model.sgd(&grads, lr)?;
@@ -121,13 +147,14 @@ impl Trainer {
         let (loss, grads) = {
             let step_cycle = self.cycle(STEP_WORKSPACE)?;
             let (x, y) = (
-                Tensor::from_slice(x, &x_shape)?,
-                Tensor::from_slice(y, &y_shape)?,
+                self.placed(Tensor::from_slice(x, &x_shape)?)?,
+                self.placed(Tensor::from_slice(y, &y_shape)?)?,
             );
             let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
+            // Device gradients live in the device pool, not in the cycle: nothing to move.
             match step_cycle {
-                Some(_) => (loss, grads.leverage()?),
-                None => (loss, grads),
+                Some(_) if self.device.is_none() => (loss, grads.leverage()?),
+                _ => (loss, grads),
             }
         }; // the step cycle ends here, after its batch, activations and gradients dropped
         self.model.sgd(&grads, lr)?;
@@ -168,12 +195,15 @@ impl Trainer {
         let rows = labels.len();
         let shape = [rows, self.dims.inputs];
         let predicted = match self.mode {
-            Mode::Pool => self.model.predict(&Tensor::from_slice(x, &shape)?)?,
+            Mode::Pool => self
+                .model
+                .predict(&self.placed(Tensor::from_slice(x, &shape)?)?)?,
             Mode::Workspaces => {
                 let ws = workspaces();
                 let predicted = {
                     let _cycle = ws.get_and_activate(&self.config, EVAL_WORKSPACE)?;
-                    self.model.predict(&Tensor::from_slice(x, &shape)?)?
+                    self.model
+                        .predict(&self.placed(Tensor::from_slice(x, &shape)?)?)?
                 };
                 ws.destroy(EVAL_WORKSPACE)?;
                 predicted
@@ -181,7 +211,9 @@ impl Trainer {
             Mode::Scopes => {
                 let base = self.base.as_ref().expect("scopes mode has a base scope");
                 let eval = base.child("eval")?;
-                let predicted = self.model.predict(&eval.from_slice(x, &shape)?)?;
+                let predicted = self
+                    .model
+                    .predict(&self.placed(eval.from_slice(x, &shape)?)?)?;
                 eval.close()?;
                 predicted
             }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use ndmem::alloc::{heap, ByteSize, LimitSource, Pool, PoolStats, ENV_MAX_BYTES};
+use ndmem::device::{self, Device};
 use ndmem::prefetch::Prefetch;
 use ndmem::{reclaim, Tensor};
 
@@ -49,12 +50,55 @@ pub struct TrainOptions {
     pub max_bytes: Option<usize>,
     /// Batches a producer thread builds ahead (0: built on the training thread).
     pub prefetch: usize,
+    /// The device to train on, if any.
+    pub device: Option<DeviceSpec>,
     /// The directory the reports go to by default (created if missing).
     pub out_dir: PathBuf,
     /// Where to write the JSON report.
     pub json: PathBuf,
     /// Where to write the SVG report.
     pub svg: PathBuf,
+}
+
+/// A device named on the command line: `sim` or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// A device simulated in host memory (ordinal 0).
+    Sim,
+    /// CUDA device `n`.
+    Cuda(u32),
+}
+
+impl DeviceSpec {
+    /// Parses `sim`, `cuda` (device 0) or `cuda:N`.
+    pub fn parse(text: &str) -> Result<DeviceSpec, String> {
+        match text {
+            "sim" => Ok(DeviceSpec::Sim),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            _ => text
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<u32>().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| "expected cuda:N (e.g. cuda:0) or sim".to_string()),
+        }
+    }
+
+    /// Opens the device (`Error::NoDevice` with the reason when there is none).
+    pub fn open(self) -> ndmem::Result<Device> {
+        match self {
+            DeviceSpec::Sim => device::sim(device::SimConfig::new(0)),
+            DeviceSpec::Cuda(n) => device::cuda(n),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Sim => f.write_str("sim"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
 }
 
 /// Runs the training in every requested mode, prints the summary and writes the reports.
@@ -67,6 +111,13 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         pool.set_max_bytes(Some(limit))
             .map_err(|e| Failure::config(format!("--max-bytes {}: {e}", ByteSize(limit))))?;
     }
+    let device = match options.device {
+        Some(spec) => Some(
+            spec.open()
+                .map_err(|e| Failure::config(format!("--device {spec}: {e}")))?,
+        ),
+        None => None,
+    };
     let data = Dataset::iris().map_err(Failure::runtime)?;
     let split = Split::new(&data, options.seed);
     let dims = Dims {
@@ -129,6 +180,9 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     for mode in &options.modes {
         outln!("  {:<11} {}", mode.name(), mode.describe());
     }
+    if let Some(gpu) = &device {
+        outln!("device: {}", gpu.describe());
+    }
 
     let mut report = Report {
         ndmem_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -154,24 +208,26 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     let keep_bars = std::io::stdout().is_terminal();
     for &mode in &options.modes {
         let bar = progress_bar(mode, total);
-        let measured = run_mode(mode, options, &split, dims, &bar).map_err(|e| {
-            // The error line says which mode and step failed; no half-drawn bar stays.
-            bar.finish_and_clear();
-            let set_by = match (&e, options.max_bytes) {
-                (StepError::Memory(_), Some(limit)) => {
-                    format!(" (the limit was set by --max-bytes {})", ByteSize(limit))
-                }
-                _ => String::new(),
-            };
-            let e = match e {
-                StepError::Memory(e) => e,
-                StepError::Diverged(e) => format!("{e}: lower --lr (now {:?})", options.lr),
-            };
-            Failure::runtime(format!(
-                "training in {} mode failed {e}{set_by}",
-                mode.name()
-            ))
-        })?;
+        let device_before = device.as_ref().map(Device::stats);
+        let measured =
+            run_mode(mode, options, &split, dims, &bar, device.as_ref()).map_err(|e| {
+                // The error line says which mode and step failed; no half-drawn bar stays.
+                bar.finish_and_clear();
+                let set_by = match (&e, options.max_bytes) {
+                    (StepError::Memory(_), Some(limit)) => {
+                        format!(" (the limit was set by --max-bytes {})", ByteSize(limit))
+                    }
+                    _ => String::new(),
+                };
+                let e = match e {
+                    StepError::Memory(e) => e,
+                    StepError::Diverged(e) => format!("{e}: lower --lr (now {:?})", options.lr),
+                };
+                Failure::runtime(format!(
+                    "training in {} mode failed {e}{set_by}",
+                    mode.name()
+                ))
+            })?;
         if keep_bars {
             bar.finish_with_message(format!(
                 "{}, acc {:.1}%",
@@ -182,6 +238,24 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
             ));
         } else {
             bar.finish_and_clear();
+        }
+        if let (Some(gpu), Some(before)) = (&device, device_before) {
+            let s = gpu.stats().since(&before);
+            let steps = measured.steps.max(1) as f64;
+            outln!(
+                "  {} on {}:{}: device peak {}, driver allocations {} in {} steps",
+                mode.name(),
+                gpu.kind(),
+                gpu.ordinal(),
+                ByteSize(s.peak_live_bytes),
+                s.driver_allocations,
+                measured.steps,
+            );
+            outln!(
+                "    transfers/step: {:.2} in, {:.2} out (parameters and evaluation included)",
+                s.htod_transfers as f64 / steps,
+                s.dtoh_transfers as f64 / steps,
+            );
         }
         report.modes.push(measured);
     }
@@ -381,6 +455,7 @@ fn run_mode(
     split: &Split,
     dims: Dims,
     bar: &ProgressBar,
+    device: Option<&Device>,
 ) -> Result<ModeReport, StepError> {
     let pool = Pool::global();
     // Start from a cold pool: memory deferred or cached by an earlier mode goes back.
@@ -400,6 +475,10 @@ fn run_mode(
     // evaluation), so the table's "used" figure is a limit that runs the whole mode.
     pool.reset_peak();
     let mut trainer = Trainer::new(mode, dims, options.seed)
+        .and_then(|t| match device {
+            Some(gpu) => t.on_device(gpu),
+            None => Ok(t),
+        })
         .map_err(|e| format!("creating the parameters: {e}"))?;
     peaks.take(&pool.stats());
     // Started once the parameters exist: the producer's pool allocations (its first batch,

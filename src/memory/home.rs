@@ -1,16 +1,19 @@
 //! Where a tensor's bytes live, and the checked ways to touch them.
 //!
-//! A [`Home`] is a workspace slot (bump memory, valid while its stamp says so) or a pool
-//! block (valid until its owner frees it). A device variant joins this enum with the
-//! device layer; nothing above it needs to change for that.
+//! A [`Home`] is a workspace slot (bump memory, valid while its stamp says so), a pool
+//! block (valid until its owner frees it), or device memory (a device buffer mirrored on
+//! the host on demand, semantics §5; valid like a pool block). For device memory the bytes
+//! handed out are the host copy's, made current first (a counted download when stale);
+//! device operations reach the device side through [`Home::device_slot`].
 //!
-//! Invariant: the bytes of a home are reachable only through [`Home::read`] (under an
-//! epoch pin), [`Home::hold_for_view`] (under a view count or a workspace view pin),
-//! [`Home::write_unshared`] (for the only tensor handle, under a pin) and
-//! [`Home::bytes_mut`] (before the home is shared), each of which first runs the validity
-//! check of semantics §3 and §4 (the workspace stamp, or the block's freed bit). A freed
-//! block goes to [`crate::reclaim`] only once no view holds it ([`Handoff`] decides who
-//! frees it, once), so a reader that passed the check keeps the memory until it unpins or
+//! Invariant: the bytes of a home are reachable only through [`Home::read_checked`] (under
+//! an epoch pin, after its [`Probe`] passed), [`Home::hold_for_view`] (under a view count or
+//! a workspace view pin), [`Home::write_unshared`] (for the only tensor handle, under a pin)
+//! and [`Home::bytes_mut`] (before the home is shared), each after the validity check of
+//! semantics §3 and §4 (the workspace stamp, or the block's freed bit; a [`Probe`] is that
+//! check with the checked word's address, for a handle to keep beside it). A freed block
+//! goes to [`crate::reclaim`] only once no view holds it ([`Handoff`] decides who frees it,
+//! once), so a reader that passed the check keeps the memory until it unpins or
 //! drops its view. This module and the workspace arena are the only places in the `ndmem`
 //! crate that turn raw memory pointers into slices.
 
@@ -22,11 +25,12 @@ use std::sync::{Mutex, PoisonError};
 
 use ndmem_alloc::Block;
 
+use crate::device::slot::{Access, DeviceSlot};
 use crate::error::Error;
 use crate::memory::handoff::{Handoff, ViewEntry};
 use crate::memory::MemorySource;
 use crate::reclaim::{self, Pin};
-use crate::workspace::{Stamp, ViewPin, WorkspaceMemory};
+use crate::workspace::{Stamp, StampProbe, ViewPin, WorkspaceMemory};
 
 /// Where one tensor's bytes live (views of a tensor share its home).
 pub(crate) enum Home {
@@ -34,6 +38,16 @@ pub(crate) enum Home {
     Workspace(WorkspaceSlot),
     /// A pool block, valid until its owner frees it.
     Pool(PoolBlock),
+    /// Device memory, mirrored on the host on demand.
+    Device(DeviceHome),
+}
+
+/// A tensor's bytes on a device.
+pub(crate) struct DeviceHome {
+    slot: DeviceSlot,
+    /// The freed bit (an owner's close) and the view count, as for a pool block; the
+    /// device memory itself is given back when the home drops.
+    handoff: Handoff,
 }
 
 /// Bytes in a workspace cycle.
@@ -58,7 +72,8 @@ pub(crate) struct PoolBlock {
 // (only circular workspaces hand memory across threads: their stamps keep the ring alive
 // and hold a counted reference to the slot, which the ring never reuses while it is held).
 unsafe impl Send for WorkspaceSlot {}
-// SAFETY: shared access only reads, through `Home::read` or a view, after the stamp check.
+// SAFETY: shared access only reads, through `Home::read_checked` or a view, after the
+// stamp check.
 unsafe impl Sync for WorkspaceSlot {}
 // SAFETY: the pointer is into the block this value owns (`Block` is Send + Sync).
 unsafe impl Send for PoolBlock {}
@@ -75,6 +90,22 @@ impl Home {
             len,
             stamp: memory.stamp,
         })
+    }
+
+    /// Device memory (see [`DeviceSlot`]).
+    pub(crate) fn device(slot: DeviceSlot) -> Home {
+        Home::Device(DeviceHome {
+            slot,
+            handoff: Handoff::new(),
+        })
+    }
+
+    /// The device memory, for device operations.
+    pub(crate) fn device_slot(&self) -> Option<&DeviceSlot> {
+        match self {
+            Home::Device(home) => Some(&home.slot),
+            _ => None,
+        }
     }
 
     /// The first `len` bytes of `block`, drawn from `source`.
@@ -94,6 +125,7 @@ impl Home {
         match self {
             Home::Workspace(slot) => slot.len,
             Home::Pool(block) => block.len,
+            Home::Device(home) => home.slot.len(),
         }
     }
 
@@ -104,6 +136,16 @@ impl Home {
         match self {
             Home::Workspace(slot) => slot.stamp.is_valid(),
             Home::Pool(block) => !block.handoff.is_freed(),
+            Home::Device(home) => !home.handoff.is_freed(),
+        }
+    }
+
+    /// This home's validity check, to keep beside a handle to it (see [`Probe`]).
+    pub(crate) fn probe(&self) -> Probe {
+        match self {
+            Home::Workspace(slot) => Probe::Workspace(slot.stamp.probe()),
+            Home::Pool(block) => Probe::Handoff(NonNull::from(&block.handoff)),
+            Home::Device(home) => Probe::Handoff(NonNull::from(&home.handoff)),
         }
     }
 
@@ -111,6 +153,7 @@ impl Home {
     pub(crate) fn is_freed(&self) -> bool {
         match self {
             Home::Pool(block) => block.handoff.is_freed(),
+            Home::Device(home) => home.handoff.is_freed(),
             Home::Workspace(_) => false,
         }
     }
@@ -119,7 +162,7 @@ impl Home {
     pub(crate) fn stamp(&self) -> Option<&Stamp> {
         match self {
             Home::Workspace(slot) => Some(&slot.stamp),
-            Home::Pool(_) => None,
+            Home::Pool(_) | Home::Device(_) => None,
         }
     }
 
@@ -128,6 +171,7 @@ impl Home {
         match self {
             Home::Pool(block) => block.source,
             Home::Workspace(slot) => slot.stamp.source(),
+            Home::Device(home) => home.slot.device().host_source(),
         }
     }
 
@@ -147,7 +191,7 @@ impl Home {
                         workspace: slot.stamp.workspace_id().into(),
                     })
             }
-            Home::Pool(_) => Error::ScopeClosed {
+            Home::Pool(_) | Home::Device(_) => Error::ScopeClosed {
                 op: op.into(),
                 arg: arg.into(),
                 scope: owner(),
@@ -155,10 +199,16 @@ impl Home {
         }
     }
 
-    fn raw(&self) -> (NonNull<u8>, usize) {
+    /// The address and length of the bytes; for device memory the host copy's, prepared
+    /// for `access` (`None` if the device failed to copy it).
+    fn raw(&self, access: Access) -> Option<(NonNull<u8>, usize)> {
         match self {
-            Home::Workspace(slot) => (slot.ptr, slot.len),
-            Home::Pool(block) => (block.ptr, block.len),
+            Home::Workspace(slot) => Some((slot.ptr, slot.len)),
+            Home::Pool(block) => Some((block.ptr, block.len)),
+            Home::Device(home) => {
+                let ptr = home.slot.host_ptr(access).ok()?;
+                Some((NonNull::new(ptr)?, home.slot.len()))
+            }
         }
     }
 
@@ -168,25 +218,29 @@ impl Home {
         if !self.is_live() {
             return None;
         }
-        let (ptr, len) = self.raw();
+        let (ptr, len) = self.raw(Access::Overwrite)?;
         // SAFETY: the memory is live (checked above) and `len` bytes long (a workspace
         // bump or a pool block of at least `len` bytes, both initialised memory); `&mut
         // self` excludes every other access through this home, the only one to the bytes.
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
     }
 
-    /// The bytes, if live, for as long as `pin` holds the epoch.
+    /// The bytes, for as long as `pin` holds the epoch, after the caller ran this home's
+    /// check itself through its [`Probe`].
+    ///
+    /// # Safety
+    /// The [`Probe`] of this home answered live on this thread after `pin` was taken.
     #[inline]
-    pub(crate) fn read<'a>(&'a self, _pin: &'a Pin) -> Option<&'a [u8]> {
-        if !self.is_live() {
-            return None;
-        }
-        let (ptr, len) = self.raw();
-        // SAFETY: the check passed, so the memory is live: a pool block not yet handed to
-        // reclamation (and `_pin` keeps a block handed over after the check alive until the
-        // borrow ends), or workspace memory of the current generation on its owner thread
-        // (or a circular workspace, whose stamp keeps the ring alive and its slot out of
-        // the ring's reuse, so no cycle writes the bytes while we read). Shared homes are
+    pub(crate) unsafe fn read_checked<'a>(&'a self, _pin: &'a Pin) -> Option<&'a [u8]> {
+        let (ptr, len) = self.raw(Access::Read)?;
+        // SAFETY: the probe's check is this home's (the same word, the same decision), and
+        // it passed under `pin` on this thread (the caller's contract), so the memory is
+        // live: a pool block or device memory not yet handed to reclamation (and `_pin`
+        // keeps a block handed over after the check alive until the borrow ends), or
+        // workspace memory of the current generation on its owner thread (whose word only
+        // this thread changes), or of a circular workspace, whose stamp keeps the ring alive
+        // and its slot out of the ring's reuse, so no cycle writes the bytes while we read.
+        // Shared homes are
         // written only through `write_unshared`, whose caller proves no reader exists.
         Some(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) })
     }
@@ -203,8 +257,8 @@ impl Home {
         if !self.is_live() {
             return None;
         }
-        let (ptr, len) = self.raw();
-        // SAFETY: the memory is live (see `read`); the caller guarantees no other access
+        let (ptr, len) = self.raw(Access::ReadWrite)?;
+        // SAFETY: the memory is live (see `read_checked`); the caller guarantees no other access
         // for the borrow's life; if the owner frees the block concurrently, `_pin` keeps it
         // allocated until this borrow, bound to it, ends.
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
@@ -230,8 +284,15 @@ impl Home {
                 }
                 ViewHold::Workspace(slot.stamp.pin_view())
             }
+            Home::Device(home) => match home.handoff.enter_view() {
+                // The device memory is given back only when the home drops, which a
+                // view (borrowing a handle) outlives never.
+                ViewEntry::Granted => ViewHold::Device(&home.handoff),
+                ViewEntry::Refused { .. } => return None,
+            },
         };
-        let (ptr, len) = self.raw();
+        // A device that fails to copy its bytes to the host: the view is given back.
+        let (ptr, len) = self.raw(Access::Read)?;
         // SAFETY: the memory is live and stays so while `hold` lives, which the caller
         // keeps with the slice: a granted view keeps a pool block from being released (the
         // hand-off answers "free now" to nobody while it is counted), and workspace memory
@@ -246,10 +307,17 @@ impl Home {
     /// they unpin, and live views until the last of them drops. Workspace memory belongs
     /// to its workspace and is left alone.
     pub(crate) fn free(&self) {
-        if let Home::Pool(block) = self {
-            if block.handoff.free() {
-                block.release();
+        match self {
+            Home::Pool(block) => {
+                if block.handoff.free() {
+                    block.release();
+                }
             }
+            // Later checks fail; the device memory goes back when the home drops.
+            Home::Device(home) => {
+                let _ = home.handoff.free();
+            }
+            Home::Workspace(_) => {}
         }
     }
 }
@@ -294,6 +362,44 @@ impl fmt::Debug for Home {
                 .field("len", &block.len)
                 .field("freed", &block.handoff.is_freed())
                 .finish(),
+            Home::Device(home) => f
+                .debug_struct("Device")
+                .field("device", &home.slot.device().ordinal())
+                .field("len", &home.slot.len())
+                .field("freed", &home.handoff.is_freed())
+                .finish(),
+        }
+    }
+}
+
+/// [`Home::is_live`] without going through the home: the address of the word the check
+/// loads (a pool block's or device memory's hand-off, a workspace's state word) and what to compare it with.
+/// Kept beside a handle to the home, it saves the load of the home's own fields (for
+/// workspace memory, the stamp's `Arc`), so every kind of memory is checked with one load
+/// of the handle and one of the word.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Probe {
+    /// A pool block's or device memory's hand-off word: live while not freed.
+    Handoff(NonNull<Handoff>),
+    /// A workspace stamp's check.
+    Workspace(StampProbe),
+}
+
+impl Probe {
+    /// [`Home::is_live`] of the home this probe was made from.
+    ///
+    /// # Safety
+    /// That home is alive and has not moved since [`Home::probe`] (it sits in a shared
+    /// header the caller holds a reference to).
+    #[inline(always)]
+    pub(crate) unsafe fn is_live(&self) -> bool {
+        match self {
+            // SAFETY: the home, and the hand-off in it, live where they were (the caller's
+            // contract).
+            Probe::Handoff(handoff) => !unsafe { handoff.as_ref() }.is_freed(),
+            // SAFETY: the home holds the stamp the probe was made from (the caller's
+            // contract), and so the workspace state its word lives in.
+            Probe::Workspace(stamp) => unsafe { stamp.is_valid() },
         }
     }
 }
@@ -301,15 +407,22 @@ impl fmt::Debug for Home {
 /// Keeps a home's memory alive for a borrowed view (see [`Home::hold_for_view`]).
 pub(crate) enum ViewHold<'a> {
     Pool(&'a PoolBlock),
+    Device(&'a Handoff),
     Workspace(#[allow(dead_code)] ViewPin),
 }
 
 impl Drop for ViewHold<'_> {
     fn drop(&mut self) {
-        if let ViewHold::Pool(block) = self {
-            if block.handoff.leave_view() {
-                block.release();
+        match self {
+            ViewHold::Pool(block) => {
+                if block.handoff.leave_view() {
+                    block.release();
+                }
             }
+            ViewHold::Device(handoff) => {
+                let _ = handoff.leave_view();
+            }
+            ViewHold::Workspace(_) => {}
         }
     }
 }
@@ -318,6 +431,7 @@ impl fmt::Debug for ViewHold<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             ViewHold::Pool(_) => "ViewHold::Pool",
+            ViewHold::Device(_) => "ViewHold::Device",
             ViewHold::Workspace(_) => "ViewHold::Workspace",
         })
     }

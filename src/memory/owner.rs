@@ -4,23 +4,32 @@
 //! [`Owner`], if any, and how many references owners hold). An [`Owner`] is the record of
 //! one scope (semantics §4): its name, source, parent, children, capped and closed state,
 //! what it owns and what it borrowed (and whom to give each back to). Both know nothing of
-//! tensors or scope handles; `crate::tensor` and `crate::scope` are built on them.
+//! tensors or scope handles; `crate::tensor` and `crate::scope` are built on them. A
+//! [`Handle`] is a tensor's reference to an `Owned`: the shared header and, beside it, the
+//! header's validity check, so the check never loads the header first; headers whose last
+//! reference drops are recycled through a per-thread list of spares, so a loop that makes
+//! as many tensors each step as it drops allocates none on the heap after its first step.
 //!
 //! Invariant: a pool-backed memory is owned by exactly one thing, its handles or one open
 //! owner, and that owner is recorded on both sides (the owner's list and the memory's
 //! owner field) under one process-wide ownership lock, so transfers never lose or double a
 //! tensor. Closing an owner closes its children, then frees what it owns (through the
 //! home's hand-off and epoch reclamation, so concurrent readers finish first) and gives
-//! borrowed memory back.
+//! borrowed memory back. A header is refilled only while its `Arc` is the sole reference
+//! (a spare, or the last reference being dropped), so no handle's probe ever points into a
+//! header that changed under it.
 
 #![allow(unsafe_code)]
 
+use std::cell::RefCell;
 use std::fmt::{self, Write as _};
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use crate::error::{Error, Result};
-use crate::memory::home::{Home, ViewHold};
+use crate::memory::home::{Home, Probe, ViewHold};
 use crate::memory::MemorySource;
 use crate::reclaim::Pin;
 use crate::workspace::Stamp;
@@ -47,7 +56,8 @@ fn ownership_lock() -> MutexGuard<'static, ()> {
 
 /// A tensor's memory and its ownership record (views of a tensor share one).
 pub(crate) struct Owned {
-    home: Home,
+    /// `None` only in a spare header (see [`Handle`]), which nothing but its list sees.
+    home: Option<Home>,
     /// References owners hold (in their owned or borrowed lists); changed only under the
     /// ownership lock. `Arc::strong_count` minus this is the number of tensor handles.
     owner_refs: AtomicUsize,
@@ -59,7 +69,7 @@ impl Owned {
     /// Memory owned by its handles.
     pub(crate) fn new(home: Home) -> Owned {
         Owned {
-            home,
+            home: Some(home),
             owner_refs: AtomicUsize::new(0),
             owner: Mutex::new(None),
         }
@@ -67,19 +77,25 @@ impl Owned {
 
     /// Where the bytes live, exclusively: the memory is not shared yet.
     pub(crate) fn home_mut(&mut self) -> &mut Home {
-        &mut self.home
+        self.home.as_mut().expect("a header in use holds a home")
+    }
+
+    /// Where the bytes live.
+    #[inline(always)]
+    fn home(&self) -> &Home {
+        self.home.as_ref().expect("a header in use holds a home")
     }
 
     /// Bytes of the memory.
     pub(crate) fn len(&self) -> usize {
-        self.home.len()
+        self.home().len()
     }
 
     /// The validity check (semantics §3, §4): one atomic load, plus a thread-token compare
     /// for workspace memory.
     #[inline(always)]
     pub(crate) fn is_live(&self) -> bool {
-        self.home.is_live()
+        self.home().is_live()
     }
 
     /// [`Owned::is_live`], with the error naming `op`, `arg` and the owner when not.
@@ -95,7 +111,7 @@ impl Owned {
     #[cold]
     #[inline(never)]
     fn refusal(&self, op: &str, arg: &str) -> Error {
-        self.home.refusal(op, arg, || self.owner_name())
+        self.home().refusal(op, arg, || self.owner_name())
     }
 
     fn owner_name(&self) -> String {
@@ -103,18 +119,9 @@ impl Owned {
             .map_or_else(|| "?".into(), |owner| owner.name.clone())
     }
 
-    /// The bytes, after the validity check, for as long as `pin` holds the epoch.
-    #[inline]
-    pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, pin: &'a Pin) -> Result<&'a [u8]> {
-        match self.home.read(pin) {
-            Some(bytes) => Ok(bytes),
-            None => Err(self.refusal(op, arg)),
-        }
-    }
-
     /// The bytes for a borrowed view, checked, kept alive until the hold drops.
     pub(crate) fn hold_for_view(&self, op: &str, arg: &str) -> Result<(ViewHold<'_>, &[u8])> {
-        self.home
+        self.home()
             .hold_for_view()
             .ok_or_else(|| self.refusal(op, arg))
     }
@@ -124,10 +131,11 @@ impl Owned {
     /// exactly (`owner_refs`, read under the ownership lock, which every change to it
     /// holds) and never read or write data, so they do not count as handles.
     pub(crate) fn write_exclusive<'a>(
-        this: &'a mut Arc<Owned>,
+        handle: &'a mut Handle,
         op: &str,
         pin: &'a Pin,
     ) -> Result<&'a mut [u8]> {
+        let this: &'a mut Arc<Owned> = &mut handle.owned;
         this.check(op, "X")?;
         if Arc::strong_count(this) != 1 {
             // Other references: owners' or other handles'. Nothing can add a handle while
@@ -150,23 +158,54 @@ impl Owned {
         // SAFETY: no other tensor handle exists (counted above), and `&mut` to the only
         // tensor-side `Arc` for `'a` excludes every other reader or writer, including
         // views, which borrow a handle. Owners' references never touch the bytes.
-        let bytes = unsafe { this.home.write_unshared(pin) };
+        let bytes = unsafe { this.home().write_unshared(pin) };
         bytes.ok_or_else(|| this.refusal(op, "X"))
+    }
+
+    /// The device memory, for device operations (semantics §5).
+    pub(crate) fn device_slot(&self) -> Option<&crate::device::slot::DeviceSlot> {
+        self.home().device_slot()
+    }
+
+    /// The device memory, for an in-place device operation, if `this` is the only tensor
+    /// handle (counted as in [`Owned::write_exclusive`]); otherwise [`Error::SharedTensor`].
+    pub(crate) fn device_exclusive<'a>(
+        handle: &'a mut Handle,
+        op: &str,
+    ) -> Result<&'a crate::device::slot::DeviceSlot> {
+        let this: &'a mut Arc<Owned> = &mut handle.owned;
+        this.check(op, "X")?;
+        if Arc::strong_count(this) != 1 {
+            let _transfer = ownership_lock();
+            let handles = Arc::strong_count(this) - this.owner_refs.load(Ordering::Acquire);
+            if handles != 1 {
+                return Err(Error::SharedTensor {
+                    op: op.into(),
+                    others: handles.saturating_sub(1),
+                });
+            }
+        }
+        fence(Ordering::Acquire);
+        let this: &'a Owned = this;
+        this.home().device_slot().ok_or_else(|| Error::Device {
+            device: 0,
+            message: format!("Op [{op}]: X argument is not in device memory"),
+        })
     }
 
     /// Whether its closed owner freed this memory.
     pub(crate) fn is_freed(&self) -> bool {
-        self.home.is_freed()
+        self.home().is_freed()
     }
 
     /// The workspace stamp, for workspace memory.
     pub(crate) fn stamp(&self) -> Option<&Stamp> {
-        self.home.stamp()
+        self.home().stamp()
     }
 
     /// The source the memory was drawn from (a workspace's for workspace memory).
     pub(crate) fn source(&self) -> MemorySource {
-        self.home.source()
+        self.home().source()
     }
 
     /// The owner, if an owner (not the handles) owns this memory.
@@ -177,7 +216,7 @@ impl Owned {
     /// Records `owner` (the caller holds the ownership lock); returns the previous one.
     /// Workspace memory cannot be owned by a scope.
     fn set_owner(&self, owner: Option<Arc<Owner>>) -> Result<Option<Arc<Owner>>> {
-        if let Some(stamp) = self.home.stamp() {
+        if let Some(stamp) = self.home().stamp() {
             return Err(Error::Scope {
                 scope: owner.map_or_else(|| "?".into(), |o| o.name.clone()),
                 message: format!(
@@ -207,21 +246,162 @@ impl fmt::Debug for Owned {
     }
 }
 
+/// Spare headers kept per thread (at most this many), so that creating a tensor reuses
+/// the header of one dropped before instead of allocating.
+const SPARE_HEADERS: usize = 256;
+
+thread_local! {
+    /// Headers whose memory was released, each the only reference to its allocation.
+    static SPARE: RefCell<Vec<Arc<Owned>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A tensor handle's reference to its memory: the shared header ([`Owned`] in an `Arc`)
+/// and the header's validity check beside it ([`Probe`]), so checking a tensor loads the
+/// handle and then the checked word, never the header first.
+///
+/// Headers are recycled: when the last handle drops one that nothing else references, its
+/// home is released (as dropping the `Arc` would) and the empty header goes to a
+/// per-thread list of spares, which [`Handle::new`] takes from before it allocates. A
+/// loop that makes and drops the same number of tensors each step allocates no headers
+/// after its first step.
+///
+/// Invariant: `probe` was made from the home in `owned` after the header was filled, and
+/// the header's home is replaced only while this handle's `Arc` is the sole reference
+/// (in [`Handle::new`] and in the drop), so the probe's addresses stay valid while the
+/// handle lives.
+pub(crate) struct Handle {
+    owned: ManuallyDrop<Arc<Owned>>,
+    probe: Probe,
+}
+
+// SAFETY: the probe holds addresses into the header (or the workspace state the header's
+// stamp keeps alive), which the handle's `Arc` keeps alive; it is only read, atomically.
+// `Arc<Owned>` is `Send + Sync`.
+unsafe impl Send for Handle {}
+// SAFETY: as above; `&Handle` only loads through the probe.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    /// Shares `owned` behind a header, a spare one of this thread if there is one.
+    pub(crate) fn new(owned: Owned) -> Handle {
+        let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
+        let owned = match spare {
+            Some(mut header) => match Arc::get_mut(&mut header) {
+                Some(slot) => {
+                    *slot = owned;
+                    header
+                }
+                None => Arc::new(owned),
+            },
+            None => Arc::new(owned),
+        };
+        let probe = owned.home().probe();
+        Handle {
+            owned: ManuallyDrop::new(owned),
+            probe,
+        }
+    }
+
+    /// The validity check (semantics §3, §4): one load of the word the probe names (and a
+    /// thread-token compare for workspace memory).
+    #[inline(always)]
+    pub(crate) fn is_live(&self) -> bool {
+        // SAFETY: the probe was made from the home in this handle's header, which the
+        // handle keeps alive and which is not replaced while it is shared (the invariant).
+        unsafe { self.probe.is_live() }
+    }
+
+    /// The bytes, after the validity check through the probe, for as long as `pin` holds
+    /// the epoch (one dependent load fewer than through the header).
+    #[inline]
+    pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, pin: &'a Pin) -> Result<&'a [u8]> {
+        if self.is_live() {
+            // SAFETY: the probe of this header's home answered live just now, on this
+            // thread, under `pin` (taken by the caller before this call).
+            unsafe { self.home().read_checked(pin) }.ok_or_else(|| self.refusal(op, arg))
+        } else {
+            Err(self.refusal(op, arg))
+        }
+    }
+
+    /// The shared header.
+    pub(crate) fn arc(&self) -> &Arc<Owned> {
+        &self.owned
+    }
+}
+
+impl Deref for Handle {
+    type Target = Owned;
+
+    #[inline(always)]
+    fn deref(&self) -> &Owned {
+        &self.owned
+    }
+}
+
+impl Clone for Handle {
+    fn clone(&self) -> Handle {
+        Handle {
+            owned: ManuallyDrop::new(Arc::clone(&self.owned)),
+            probe: self.probe,
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and the field is not used after.
+        recycle(unsafe { ManuallyDrop::take(&mut self.owned) });
+    }
+}
+
+/// Drops a reference to a header; if it was the last, releases the memory (as dropping
+/// the `Arc` would) and keeps the empty header as a spare of this thread.
+fn recycle(mut header: Arc<Owned>) {
+    let Some(owned) = Arc::get_mut(&mut header) else {
+        return;
+    };
+    drop(owned.home.take());
+    *owned
+        .owner
+        .get_mut()
+        .unwrap_or_else(PoisonError::into_inner) = None;
+    *owned.owner_refs.get_mut() = 0;
+    let _ = SPARE.try_with(move |s| {
+        let mut spare = s.borrow_mut();
+        if spare.len() < SPARE_HEADERS {
+            if spare.capacity() == 0 {
+                spare.reserve_exact(SPARE_HEADERS);
+            }
+            spare.push(header);
+        }
+    });
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.owned.fmt(f)
+    }
+}
+
 /// An owner's reference to memory. Counted on the memory while it exists, so that
 /// `Arc::strong_count` minus the owner references is exactly the number of tensor handles.
-struct Held(Arc<Owned>);
+struct Held(ManuallyDrop<Arc<Owned>>);
 
 impl Held {
     fn new(owned: &Arc<Owned>) -> Held {
-        let held = Held(owned.clone());
+        let held = Held(ManuallyDrop::new(Arc::clone(owned)));
         owned.owner_refs.fetch_add(1, Ordering::AcqRel);
         held
     }
 }
 
 impl Drop for Held {
+    /// The last reference to drop, of these and the handles, recycles the header.
     fn drop(&mut self) {
         self.0.owner_refs.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: taken once, here, and the field is not used after.
+        recycle(unsafe { ManuallyDrop::take(&mut self.0) });
     }
 }
 
@@ -380,12 +560,12 @@ impl Owner {
         let mut inner = lock(&self.inner);
         let owned = match entry {
             Entry::Owned(held) => {
-                let owned = held.0.clone();
+                let owned = Arc::clone(&held.0);
                 inner.owned.push(held);
                 owned
             }
             Entry::Borrowed(held, origin) => {
-                let owned = held.0.clone();
+                let owned = Arc::clone(&held.0);
                 inner.borrowed.push((held, origin));
                 owned
             }
@@ -541,7 +721,7 @@ impl Owner {
             child.close_locked();
         }
         for held in owned {
-            held.0.home.free();
+            held.0.home().free();
         }
         for (held, origin) in borrowed {
             give_back(held, origin);
@@ -637,7 +817,7 @@ impl fmt::Debug for Owner {
 /// owner that had borrowed it in turn, or, when that one closed meanwhile, to whom it
 /// would have given it back. An owner that closed meanwhile frees it.
 fn give_back(held: Held, origin: Origin) {
-    let owned = held.0.clone();
+    let owned = Arc::clone(&held.0);
     match origin {
         Origin::Handles => {
             drop(held);
@@ -649,7 +829,7 @@ fn give_back(held: Held, origin: Origin) {
         }
         Origin::Owned(_) => {
             drop(held);
-            owned.home.free();
+            owned.home().free();
         }
         Origin::Borrowed(borrower, origin) if !borrower.is_closed() => {
             let _ = owned.set_owner(Some(borrower.clone()));

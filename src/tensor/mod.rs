@@ -11,7 +11,15 @@
 //! handle drops. This module calls down into [`crate::memory`] (homes, owners, sources),
 //! [`crate::workspace`] and [`crate::reclaim`]; of scopes it sees only their ownership
 //! records, never the `Scope` handle.
+//!
+//! Nothing here allocates on the heap for a tensor of workspace memory: shapes and strides
+//! are inline up to four axes (`Dims`), the shared header comes from the thread's spares
+//! (`Handle`), and ops write straight into their outputs (no temporaries; only a float
+//! matmul of more than 64^3 multiply-adds packs through matrixmultiply's own buffer). A
+//! pool tensor costs at most its header (none once the thread has spares), besides what
+//! epoch reclamation takes to defer its free.
 
+mod device;
 mod dtype;
 mod ops;
 pub(crate) mod storage;
@@ -24,10 +32,14 @@ pub use dtype::{DType, Element, Float};
 
 use crate::error::{Error, Result};
 use crate::memory::home::ViewHold;
-use crate::memory::owner::{Owned, Owner};
+use crate::memory::owner::{Handle, Owned, Owner};
 use crate::memory::MemorySource;
 use crate::reclaim::{self, Pin};
 use storage::{NewStorage, Placement};
+
+/// A shape or strides: inline up to four axes (every tensor of the common ranks), on the
+/// heap only above.
+pub(crate) type Dims = smallvec::SmallVec<[usize; 4]>;
 
 /// Dispatches on a [`DType`], binding the matching Rust type to `$t` inside `$body`.
 macro_rules! with_dtype {
@@ -73,11 +85,12 @@ pub(crate) use with_dtype;
 /// ```
 #[derive(Clone)]
 pub struct Tensor {
-    storage: Arc<Owned>,
+    /// The shared memory header and its validity check.
+    storage: Handle,
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Dims,
     /// Strides in elements (never negative; 0 for broadcast axes).
-    strides: Vec<usize>,
+    strides: Dims,
     /// Offset of the first element, in elements.
     offset: usize,
 }
@@ -173,8 +186,8 @@ fn element_count(op: &str, shape: &[usize], elem_size: usize) -> Result<usize> {
 
 /// Row-major strides of `shape`, or a shape error if they overflow (they cannot for a
 /// shape [`element_count`] accepted).
-fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Vec<usize>> {
-    let mut strides = vec![0; shape.len()];
+fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Dims> {
+    let mut strides = Dims::from_elem(0, shape.len());
     let mut step = 1usize;
     for (stride, dim) in strides.iter_mut().zip(shape).rev() {
         *stride = step;
@@ -372,7 +385,7 @@ impl Tensor {
         Ok(Tensor {
             storage: storage.share(op)?,
             dtype: T::DTYPE,
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             offset: 0,
         })
@@ -417,8 +430,8 @@ impl Tensor {
     }
 
     /// Whether the tensor may be used now from this thread (semantics §3, §4). This is the
-    /// check every op runs on each argument: one atomic load (plus a thread-token compare
-    /// for workspace memory).
+    /// check every op runs on each argument: one atomic load of the word the handle's probe
+    /// names, straight from the handle (plus a thread-token compare for workspace memory).
     #[inline]
     pub fn is_valid(&self) -> bool {
         self.storage.is_live()
@@ -426,12 +439,12 @@ impl Tensor {
 
     /// The memory and its ownership record (for scopes).
     pub(crate) fn storage(&self) -> &Arc<Owned> {
-        &self.storage
+        self.storage.arc()
     }
 
     /// Whether two tensors share memory (one is a view of the other, or both of a base).
     pub fn shares_storage(&self, other: &Tensor) -> bool {
-        Arc::ptr_eq(&self.storage, &other.storage)
+        Arc::ptr_eq(self.storage.arc(), other.storage.arc())
     }
 
     // ---- read-out ------------------------------------------------------------------
@@ -476,6 +489,23 @@ impl Tensor {
         self.check_dtype::<T>(op, arg)?;
         let bytes = self.storage.read(op, arg, pin)?;
         self.view_of(bytes, op, arg)
+    }
+
+    /// The checked elements of this tensor's memory from its first one on (index them with
+    /// its strides), for as long as `pin` lives; empty for an empty tensor.
+    pub(crate) fn elements<'a, T: Element>(
+        &'a self,
+        op: &str,
+        arg: &str,
+        pin: &'a Pin,
+    ) -> Result<&'a [T]> {
+        self.check_dtype::<T>(op, arg)?;
+        let data: &[T] = bytemuck::cast_slice(self.storage.read(op, arg, pin)?);
+        Ok(if self.is_empty() {
+            &[]
+        } else {
+            data.get(self.offset..).unwrap_or(&[])
+        })
     }
 
     fn check_dtype<T: Element>(&self, op: &str, arg: &str) -> Result<()> {
@@ -525,10 +555,9 @@ impl Tensor {
     /// A copy in the parent of the current workspace, or detached if there is none;
     /// unchanged if it already lives there (ND4J `leverage`).
     pub fn leverage(&self) -> Result<Tensor> {
-        if let (Some(parent), Some(stamp)) =
-            (crate::workspace::parent_of_current(), self.storage.stamp())
-        {
-            if stamp.is_in(&parent) {
+        if let Some(stamp) = self.storage.stamp() {
+            let id = stamp.workspace_id();
+            if crate::workspace::parent_of_current_is(id) && stamp.is_in(id) {
                 self.storage.check("leverage", "X")?;
                 return Ok(self.clone());
             }
@@ -553,7 +582,7 @@ impl Tensor {
 
     /// A contiguous copy placed by the allocation flow (ND4J `dup`).
     pub fn copy(&self) -> Result<Tensor> {
-        self.copy_to("copy", Placement::Auto(Some(&self.storage)))
+        self.copy_to("copy", Placement::Auto(Some(&*self.storage)))
     }
 
     /// Where pool copies of this tensor go: the source its bytes came from.

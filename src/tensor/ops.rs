@@ -10,15 +10,16 @@ use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
 
 use super::dtype::sealed::Sealed;
 use super::storage::Placement;
-use super::{contiguous_strides, element_count, with_dtype, DType, Element, Float, Tensor};
+use super::{contiguous_strides, element_count, with_dtype, DType, Dims, Element, Float, Tensor};
+use crate::device::{BinaryOp, UnaryOp};
 use crate::error::{Error, Result};
 use crate::memory::owner::Owned;
 use crate::reclaim;
 
 /// The shape two shapes broadcast to (NumPy rules), or a shape error naming both.
-fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
     let n = a.len().max(b.len());
-    let mut out = vec![0; n];
+    let mut out = Dims::from_elem(0, n);
     for (i, slot) in out.iter_mut().enumerate() {
         let da = if i + a.len() >= n {
             a[i + a.len() - n]
@@ -44,6 +45,12 @@ fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     }
     Ok(out)
 }
+
+/// Float products of at most this many multiply-adds (`m * k * n`) run ndmem's own
+/// row-by-row kernel, which allocates nothing; larger ones run matrixmultiply (through
+/// ndarray's `general_mat_mul`), whose packing buffer is one heap allocation per call.
+/// The choice depends only on the shapes, so results never depend on placement.
+const SMALL_MATMUL: usize = 64 * 64 * 64;
 
 fn float_only(op: &str, dtype: DType) -> Error {
     Error::DType {
@@ -103,7 +110,7 @@ impl Tensor {
         Tensor::build::<T>(
             op,
             &shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 let dim = out.raw_dim();
                 Zip::from(&mut out)
@@ -122,7 +129,7 @@ impl Tensor {
         Tensor::build::<U>(
             op,
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(&mut out).and(&x).for_each(|o, &a| *o = f(a));
                 Ok(())
@@ -145,16 +152,25 @@ impl Tensor {
 
     /// `self + other`, broadcasting. Integers wrap on overflow (like NumPy and PyTorch).
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("add", BinaryOp::Add, other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.zip_with::<T>("add", other, T::add_wrapping))
     }
 
     /// `self - other`, broadcasting. Integers wrap on overflow.
     pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("sub", BinaryOp::Sub, other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.zip_with::<T>("sub", other, T::sub_wrapping))
     }
 
     /// `self * other` elementwise, broadcasting. Integers wrap on overflow.
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("mul", BinaryOp::Mul, other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.zip_with::<T>("mul", other, T::mul_wrapping))
     }
 
@@ -162,6 +178,9 @@ impl Tensor {
     /// an integer division by zero, or `MIN / -1`, is [`Error::Arithmetic`] (floats follow
     /// IEEE 754: `inf`, `NaN`).
     pub fn div(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("div", BinaryOp::Div, other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let failed: std::cell::Cell<Option<(T, T)>> = std::cell::Cell::new(None);
             self.zip_checked::<T>(
@@ -192,6 +211,9 @@ impl Tensor {
 
     /// `self + value` (`value` converted to the dtype like `as`). Integers wrap.
     pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
+        if let Some(on_device) = self.device_affine("add_scalar", 1.0, value as f32) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let v = T::from_f64(value);
             self.map::<T, T>("add_scalar", move |a| a.add_wrapping(v))
@@ -200,6 +222,9 @@ impl Tensor {
 
     /// `self * value` (`value` converted to the dtype like `as`). Integers wrap.
     pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
+        if let Some(on_device) = self.device_affine("mul_scalar", value as f32, 0.0) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let v = T::from_f64(value);
             self.map::<T, T>("mul_scalar", move |a| a.mul_wrapping(v))
@@ -208,6 +233,9 @@ impl Tensor {
 
     /// `max(self, 0)`.
     pub fn relu(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("relu", UnaryOp::Relu) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let zero = T::from_f64(0.0);
             self.map::<T, T>("relu", move |a| if a > zero { a } else { zero })
@@ -217,6 +245,9 @@ impl Tensor {
     /// The gradient through a ReLU: `grad` where `self > 0`, else 0 (`self` is the ReLU's
     /// input or output).
     pub fn relu_backward(&self, grad: &Tensor) -> Result<Tensor> {
+        if let Some(on_device) = self.device_binary("relu_backward", BinaryOp::ReluBackward, grad) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let zero = T::from_f64(0.0);
             self.zip_with::<T>("relu_backward", grad, move |x, g| if x > zero { g } else { zero })
@@ -225,6 +256,9 @@ impl Tensor {
 
     /// `1 / (1 + e^-x)`.
     pub fn sigmoid(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("sigmoid", UnaryOp::Sigmoid) {
+            return on_device;
+        }
         self.map_float(
             "sigmoid",
             |x| 1.0 / (1.0 + (-x).exp()),
@@ -234,22 +268,34 @@ impl Tensor {
 
     /// Hyperbolic tangent.
     pub fn tanh(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("tanh", UnaryOp::Tanh) {
+            return on_device;
+        }
         self.map_float("tanh", f32::tanh, f64::tanh)
     }
 
     /// `e^x`.
     pub fn exp(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("exp", UnaryOp::Exp) {
+            return on_device;
+        }
         self.map_float("exp", f32::exp, f64::exp)
     }
 
     /// Natural logarithm.
     pub fn log(&self) -> Result<Tensor> {
+        if let Some(on_device) = self.device_unary("log", UnaryOp::Log) {
+            return on_device;
+        }
         self.map_float("log", f32::ln, f64::ln)
     }
 
     /// Sum over `axis` (removing it), or of every element (`None`: a 0-d tensor). Floats
     /// use ndarray's `sum`; integers wrap on overflow. An empty sum is 0.
     pub fn sum(&self, axis: Option<usize>) -> Result<Tensor> {
+        if let Some(on_device) = self.device_reduce("sum", axis, false) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.reduce::<T>("sum", axis, false))
     }
 
@@ -258,6 +304,9 @@ impl Tensor {
     /// in ndarray (`None` there): [`Error::Shape`]. Integer means are computed in `f64`
     /// and converted back like `as` (truncating toward zero).
     pub fn mean(&self, axis: Option<usize>) -> Result<Tensor> {
+        if let Some(on_device) = self.device_reduce("mean", axis, true) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.reduce::<T>("mean", axis, true))
     }
 
@@ -289,7 +338,7 @@ impl Tensor {
         match axis {
             None => {
                 let value = reduce_lane(x.view());
-                Tensor::build::<T>(op, &[], Placement::Auto(Some(&self.storage)), |mut out| {
+                Tensor::build::<T>(op, &[], Placement::Auto(Some(&*self.storage)), |mut out| {
                     out.fill(value);
                     Ok(())
                 })
@@ -300,7 +349,7 @@ impl Tensor {
                 Tensor::build::<T>(
                     op,
                     &shape,
-                    Placement::Auto(Some(&self.storage)),
+                    Placement::Auto(Some(&*self.storage)),
                     |mut out| {
                         Zip::from(&mut out)
                             .and(x.lanes(Axis(axis)))
@@ -330,7 +379,7 @@ impl Tensor {
         with_dtype!(self.dtype, T => {
             let pin = reclaim::pin();
             let x = self.array::<T>("argmax", "X", &pin)?;
-            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&self.storage)), |mut out| {
+            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&*self.storage)), |mut out| {
                 Zip::from(&mut out).and(x.lanes(Axis(axis))).for_each(|o, lane| {
                     let mut best = 0;
                     for (i, v) in lane.iter().enumerate() {
@@ -347,6 +396,9 @@ impl Tensor {
 
     /// Softmax along `axis` (numerically stable: the lane's maximum is subtracted first).
     pub fn softmax(&self, axis: usize) -> Result<Tensor> {
+        if let Some(on_device) = self.device_softmax("softmax", axis, false) {
+            return on_device;
+        }
         match self.dtype {
             DType::F32 => self.softmax_typed::<f32>(axis),
             DType::F64 => self.softmax_typed::<f64>(axis),
@@ -361,7 +413,7 @@ impl Tensor {
         Tensor::build::<T>(
             "softmax",
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
@@ -382,6 +434,9 @@ impl Tensor {
     /// wherever the inputs are (the log of a `softmax` underflows to `-inf` for confident
     /// lanes; cross-entropy needs this form).
     pub fn log_softmax(&self, axis: usize) -> Result<Tensor> {
+        if let Some(on_device) = self.device_softmax("log_softmax", axis, true) {
+            return on_device;
+        }
         match self.dtype {
             DType::F32 => self.log_softmax_typed::<f32>(axis),
             DType::F64 => self.log_softmax_typed::<f64>(axis),
@@ -396,7 +451,7 @@ impl Tensor {
         Tensor::build::<T>(
             "log_softmax",
             &self.shape,
-            Placement::Auto(Some(&self.storage)),
+            Placement::Auto(Some(&*self.storage)),
             |mut out| {
                 Zip::from(out.lanes_mut(Axis(axis)))
                     .and(x.lanes(Axis(axis)))
@@ -415,8 +470,9 @@ impl Tensor {
         )
     }
 
-    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): floats by
-    /// matrixmultiply (ndarray's `general_mat_mul`), integers by a wrapping dot product.
+    /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): large float
+    /// products by matrixmultiply (ndarray's `general_mat_mul`), small ones and integers
+    /// (wrapping) by a row-by-row kernel that allocates nothing.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.same_dtype("matmul", other)?;
         if self.ndim() != 2 || other.ndim() != 2 || self.shape[1] != other.shape[0] {
@@ -428,39 +484,42 @@ impl Tensor {
                 ),
             });
         }
+        if let Some(on_device) = self.device_matmul(other) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.matmul_typed::<T>(other))
     }
 
     fn matmul_typed<T: Element>(&self, other: &Tensor) -> Result<Tensor> {
         let pin = reclaim::pin();
-        let a = two_d(self.array::<T>("matmul", "X", &pin)?);
-        let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
-        let shape = [self.shape[0], other.shape[1]];
-        Tensor::build::<T>(
-            "matmul",
-            &shape,
-            Placement::Auto(Some(&self.storage)),
-            |out| {
+        let (m, k, n) = (self.shape[0], self.shape[1], other.shape[1]);
+        let shape = [m, n];
+        let placement = Placement::Auto(Some(&*self.storage));
+        if T::DTYPE.is_float() && m.saturating_mul(k).saturating_mul(n) > SMALL_MATMUL {
+            let a = two_d(self.array::<T>("matmul", "X", &pin)?);
+            let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
+            return Tensor::build::<T>("matmul", &shape, placement, |out| {
                 let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
                     op: "matmul".into(),
                     message: format!("output is not 2-d: {e}"),
                 })?;
-                if T::DTYPE.is_float() {
-                    general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
-                } else {
-                    Zip::from(c.rows_mut())
-                        .and(a.rows())
-                        .for_each(|mut c_row, a_row| {
-                            Zip::from(&mut c_row).and(b.columns()).for_each(|c, b_col| {
-                                *c = a_row.iter().zip(b_col).fold(T::zero(), |acc, (x, y)| {
-                                    acc.add_wrapping(x.mul_wrapping(*y))
-                                });
-                            });
-                        });
-                }
+                // Packs through a buffer matrixmultiply allocates per call: one heap
+                // allocation, over more than SMALL_MATMUL multiply-adds.
+                general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
                 Ok(())
-            },
-        )
+            });
+        }
+        let a = self.elements::<T>("matmul", "X", &pin)?;
+        let b = other.elements::<T>("matmul", "Y", &pin)?;
+        let (a_strides, b_strides) = (
+            (self.strides[0], self.strides[1]),
+            (other.strides[0], other.strides[1]),
+        );
+        Tensor::build::<T>("matmul", &shape, placement, |mut out| {
+            let c = out.as_slice_mut().expect("fresh outputs are contiguous");
+            small_matmul(a, a_strides, b, b_strides, (m, k, n), c);
+            Ok(())
+        })
     }
 
     // ---- in place: only on the sole handle of a tensor ---------------------------
@@ -468,12 +527,18 @@ impl Tensor {
     /// Copies `src` (broadcast to this shape) into this tensor's memory (ND4J `assign`).
     /// Needs the only handle to the memory ([`Error::SharedTensor`] otherwise).
     pub fn assign(&mut self, src: &Tensor) -> Result<()> {
+        if let Some(on_device) = self.device_update("assign", None, src) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => self.update::<T>("assign", src, |_, s| s))
     }
 
     /// `self += alpha * x` in place (BLAS `axpy`; an SGD step is `w.scaled_add(-lr, &g)`).
     /// Needs the only handle to the memory. Integers wrap on overflow.
     pub fn scaled_add(&mut self, alpha: f64, x: &Tensor) -> Result<()> {
+        if let Some(on_device) = self.device_update("scaled_add", Some(alpha as f32), x) {
+            return on_device;
+        }
         with_dtype!(self.dtype, T => {
             let alpha = T::from_f64(alpha);
             self.update::<T>("scaled_add", x, move |d, s| d.add_wrapping(alpha.mul_wrapping(s)))
@@ -483,7 +548,7 @@ impl Tensor {
     fn update<T: Element>(&mut self, op: &str, src: &Tensor, f: impl Fn(T, T) -> T) -> Result<()> {
         self.same_dtype(op, src)?;
         let shape = broadcast_shape(op, &self.shape, &src.shape)?;
-        if shape != self.shape {
+        if shape[..] != self.shape[..] {
             return Err(Error::Shape {
                 op: op.into(),
                 message: format!(
@@ -547,7 +612,7 @@ impl Tensor {
             self.copy()?
         };
         Ok(Tensor {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             ..base
         })
@@ -558,7 +623,7 @@ impl Tensor {
         self.storage.check("broadcast_to", "X")?;
         let target = broadcast_shape("broadcast_to", &self.shape, shape)?;
         element_count("broadcast_to", shape, self.dtype.size())?;
-        if target != shape {
+        if target[..] != *shape {
             return Err(Error::Shape {
                 op: "broadcast_to".into(),
                 message: format!("{:?} cannot be broadcast to {shape:?}", self.shape),
@@ -577,10 +642,94 @@ impl Tensor {
             })
             .collect();
         Ok(Tensor {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             ..self.clone()
         })
+    }
+}
+
+/// `c = a @ b` for an `[m, k]` matrix `a` and a `[k, n]` matrix `b`, each given as its
+/// elements from its first one and its strides in elements, into the row-major `[m, n]`
+/// slice `c`, tile by tile: each tile of `c` (up to 4 rows by 8 columns) is summed in
+/// registers over all of `p`, then stored. Each `c[i, j]` starts at zero and adds
+/// `a[i, p] * b[p, j]` for `p` in order (integers wrap), so the result depends only on the
+/// values, never on the tiling.
+fn small_matmul<T: Element>(
+    a: &[T],
+    a_strides: (usize, usize),
+    b: &[T],
+    b_strides: (usize, usize),
+    (m, k, n): (usize, usize, usize),
+    c: &mut [T],
+) {
+    let operands = Operands {
+        a,
+        a_strides,
+        b,
+        b_strides,
+        k,
+        n,
+    };
+    let mut i = 0;
+    while i + 4 <= m {
+        operands.row_block::<4>(i, c);
+        i += 4;
+    }
+    while i < m {
+        operands.row_block::<1>(i, c);
+        i += 1;
+    }
+}
+
+/// The operands of [`small_matmul`].
+struct Operands<'a, T> {
+    a: &'a [T],
+    a_strides: (usize, usize),
+    b: &'a [T],
+    b_strides: (usize, usize),
+    k: usize,
+    n: usize,
+}
+
+impl<T: Element> Operands<'_, T> {
+    /// Rows `i..i + R` of the product into `c`, in tiles 8, 4, 2 and 1 columns wide.
+    fn row_block<const R: usize>(&self, i: usize, c: &mut [T]) {
+        let mut j = 0;
+        while j + 8 <= self.n {
+            self.tile::<R, 8>(i, j, c);
+            j += 8;
+        }
+        if j + 4 <= self.n {
+            self.tile::<R, 4>(i, j, c);
+            j += 4;
+        }
+        if j + 2 <= self.n {
+            self.tile::<R, 2>(i, j, c);
+            j += 2;
+        }
+        if j < self.n {
+            self.tile::<R, 1>(i, j, c);
+        }
+    }
+
+    /// `c[i..i + R, j..j + W]`, summed over `p` in order.
+    #[inline(always)]
+    fn tile<const R: usize, const W: usize>(&self, i: usize, j: usize, c: &mut [T]) {
+        let ((a0, a1), (b0, b1)) = (self.a_strides, self.b_strides);
+        let mut sums = [[T::zero(); W]; R];
+        for p in 0..self.k {
+            let x: [T; R] = std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1]);
+            let y: [T; W] = std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1]);
+            for (row, x) in sums.iter_mut().zip(x) {
+                for (sum, y) in row.iter_mut().zip(y) {
+                    *sum = sum.add_wrapping(x.mul_wrapping(y));
+                }
+            }
+        }
+        for (r, row) in sums.iter().enumerate() {
+            c[(i + r) * self.n + j..][..W].copy_from_slice(row);
+        }
     }
 }
 

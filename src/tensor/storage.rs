@@ -13,7 +13,7 @@ use ndmem_alloc::Usage;
 
 use crate::error::{Error, Result};
 use crate::memory::home::Home;
-use crate::memory::owner::{Owned, Owner};
+use crate::memory::owner::{Handle, Owned, Owner};
 use crate::memory::MemorySource;
 use crate::workspace;
 
@@ -116,12 +116,13 @@ impl NewStorage {
             })
     }
 
-    /// Shares the memory, handing it to its owner if it has one.
-    pub(crate) fn share(self, op: &str) -> Result<Arc<Owned>> {
-        let owned = Arc::new(self.owned);
+    /// Shares the memory (in a recycled header when this thread has one), handing it to
+    /// its owner if it has one.
+    pub(crate) fn share(self, op: &str) -> Result<Handle> {
+        let handle = Handle::new(self.owned);
         if let Some(owner) = self.owner {
-            owner.adopt(op, &owned)?;
+            owner.adopt(op, handle.arc())?;
         }
-        Ok(owned)
+        Ok(handle)
     }
 }

@@ -428,6 +428,19 @@ pub fn parent_of_current() -> Option<String> {
         .map(|parent| parent.id().to_string())
 }
 
+/// Whether the parent of the current workspace (see [`allocate_in_parent`]) has id `id`;
+/// [`parent_of_current`] without copying the id.
+pub(crate) fn parent_of_current_is(id: &str) -> bool {
+    MANAGER
+        .try_with(|m| match m.stack.borrow().last() {
+            Some(Some(arena)) if !arena.is_bypassed() => {
+                arena.parent().is_some_and(|parent| parent.id() == id)
+            }
+            _ => false,
+        })
+        .unwrap_or(false)
+}
+
 /// Allocates in the workspace `id` of this thread: [`Error::NoSuchWorkspace`] if it does
 /// not exist, [`Error::WorkspaceNotOpen`] if no cycle of it is running.
 pub fn allocate_in(id: &str, layout: Layout) -> Result<WorkspaceMemory, Error> {

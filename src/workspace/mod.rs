@@ -35,7 +35,7 @@ mod bump;
 mod config;
 mod manager;
 mod ring;
-mod sizing;
+pub(crate) mod sizing;
 mod slots;
 mod spill;
 mod stamp;
@@ -46,9 +46,11 @@ pub use config::{
     AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy, SpillPolicy,
     WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
 };
+pub(crate) use manager::parent_of_current_is;
 pub use manager::{
     allocate_in, allocate_in_current, allocate_in_parent, parent_of_current, workspaces, ScopeOut,
     WorkspaceGuard, Workspaces,
 };
+pub(crate) use stamp::StampProbe;
 pub use stamp::{Stamp, ViewPin, WorkspaceMemory};
 pub use stats::WorkspaceStats;

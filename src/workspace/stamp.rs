@@ -10,8 +10,10 @@
 //! count is above 0. So a consumer on another thread can never read freed memory, nor memory
 //! being overwritten.
 //!
-//! The one `unsafe` item here makes [`WorkspaceMemory`] `Send + Sync`: its pointer is a
-//! plain address whose use is guarded by the stamp.
+//! The `unsafe` items here make [`WorkspaceMemory`] `Send + Sync` (its pointer is a plain
+//! address whose use is guarded by the stamp) and let a [`StampProbe`] (the check with the
+//! state word's address in place of the stamp, kept beside a tensor handle) load the word
+//! while its caller keeps the stamp alive. The probe decides exactly as the stamp does.
 
 #![allow(unsafe_code)]
 
@@ -202,10 +204,29 @@ impl Stamp {
     /// [`Stamp::check`] without the error: one atomic load and a thread-token compare.
     #[inline(always)]
     pub fn is_valid(&self) -> bool {
-        let state = self.shared.state.load();
-        // Branch-free: both tests always run, and `&` (not `&&`) keeps it that way.
-        (state & self.state_mask == self.expected & self.state_mask)
-            & ((assigned_token() ^ self.owner_token) & self.token_mask == 0)
+        decide(
+            self.shared.state.load(),
+            self.state_mask,
+            self.expected & self.state_mask,
+            self.owner_token,
+            self.token_mask,
+        )
+    }
+
+    /// This stamp's check, unpacked to sit beside a handle to the memory: the address of
+    /// the state word and what to compare it with, so the check reads the word directly
+    /// instead of through the stamp and its `Arc` (see [`StampProbe`]).
+    pub(crate) fn probe(&self) -> StampProbe {
+        StampProbe {
+            word: NonNull::from(&self.shared.state),
+            expected: self.expected,
+            // Tokens start at 1: 0 marks a circular workspace's probe.
+            owner_token: if self.shared.circular {
+                0
+            } else {
+                self.owner_token
+            },
+        }
     }
 
     #[cold]
@@ -288,6 +309,59 @@ impl Stamp {
     }
 }
 
+/// The decision of semantics §3 on one load of the state word: the masked word equals the
+/// masked word at allocation time, and (unless the workspace is circular) the calling
+/// thread is the owner. Branch-free: both tests always run, and `&` (not `&&`) keeps it so.
+#[inline(always)]
+fn decide(state: u64, state_mask: u64, expected: u64, owner_token: u64, token_mask: u64) -> bool {
+    (state & state_mask == expected) & ((assigned_token() ^ owner_token) & token_mask == 0)
+}
+
+/// A [`Stamp`]'s check with the address of the workspace's state word in place of the
+/// stamp: a handle that keeps the stamp alive (in the memory's header) and this probe
+/// beside it checks with one load of its own fields and one of the word, the same number
+/// of dependent loads as a pool block's freed bit. The decision is [`Stamp::is_valid`]'s,
+/// on the same word, so the invariant above holds unchanged; only its form is the one for
+/// the kind of workspace: for a non-circular one, the word equals `expected` and the
+/// caller's token is `owner_token`; for a circular one (`owner_token` 0, which no thread
+/// has), `DESTROYED` is clear.
+#[derive(Clone, Copy)]
+pub(crate) struct StampProbe {
+    word: NonNull<StateWord>,
+    /// The word at allocation time.
+    expected: u64,
+    /// The owner thread's token; 0 for a circular workspace (any thread).
+    owner_token: u64,
+}
+
+impl StampProbe {
+    /// [`Stamp::is_valid`] of the stamp this probe was made from.
+    ///
+    /// # Safety
+    /// That stamp, or a clone of it, is alive: it holds the `Arc` the word lives in.
+    #[inline(always)]
+    pub(crate) unsafe fn is_valid(&self) -> bool {
+        // SAFETY: the caller keeps a clone of the stamp alive, and with it the `Shared`
+        // that holds the word (an `Arc` allocation, which never moves).
+        let state = unsafe { self.word.as_ref() }.load();
+        if self.owner_token != 0 {
+            // Branch-free: both tests always run.
+            (state ^ self.expected) | (assigned_token() ^ self.owner_token) == 0
+        } else {
+            state & DESTROYED == 0
+        }
+    }
+}
+
+impl fmt::Debug for StampProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StampProbe")
+            .field("expected", &self.expected)
+            .field("circular", &(self.owner_token == 0))
+            .finish()
+    }
+}
+
 impl fmt::Debug for Stamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Stamp")
@@ -352,6 +426,37 @@ mod tests {
             !stamp.is_in("T"),
             "a later workspace T would be another one"
         );
+    }
+
+    #[test]
+    fn a_probe_decides_as_its_stamp_does() {
+        for circular in [false, true] {
+            let shared = Arc::new(Shared::new("P", circular, MemorySource::global()));
+            shared.open(1);
+            let stamp = Stamp::new(shared.clone(), 1, None);
+            let probe = stamp.probe();
+            // SAFETY: `stamp` lives for the whole closure's use.
+            let agree = || unsafe { probe.is_valid() } == stamp.is_valid();
+            assert!(agree() && stamp.is_valid());
+            let there = stamp.clone();
+            let (valid, probed) = std::thread::spawn(move || {
+                let probe = there.probe();
+                // SAFETY: `there` lives until the end of this closure.
+                (there.is_valid(), unsafe { probe.is_valid() })
+            })
+            .join()
+            .unwrap();
+            assert_eq!((valid, probed), (circular, circular));
+            for step in [
+                |s: &Shared| s.close(1),
+                |s: &Shared| s.open(2),
+                |s: &Shared| s.destroy(),
+            ] {
+                step(&shared);
+                assert!(agree(), "circular {circular}: {shared:?}");
+            }
+            assert!(!stamp.is_valid());
+        }
     }
 
     #[test]

@@ -70,7 +70,10 @@ fn a_device_percentage_is_a_share_of_each_device_not_of_ram() {
         !line.contains("iB"),
         "not resolved against host RAM: {line}"
     );
-    assert!(next.contains("unresolved: no device layer yet"), "{next}");
+    assert!(
+        next.contains("resolved against each device's memory"),
+        "{next}"
+    );
     // The workspace debug mode has its row too.
     assert!(
         lines

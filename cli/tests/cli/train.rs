@@ -333,3 +333,55 @@ fn the_header_names_the_workspace_debug_mode() {
     let out = ndmem(&dir, &["--steps", "2", "--mode", "workspaces"], &[]);
     assert!(!text(&out.stdout).contains("NDMEM_WORKSPACES"));
 }
+
+#[test]
+fn on_a_simulated_device_every_mode_agrees_with_the_host_run() {
+    let dir = temp_dir("train-device");
+    let args = ["train", "--steps", "10", "--hidden", "8", "--out-dir", "."];
+    let host = ndmem(&dir, &args, &[]);
+    assert!(host.status.success(), "{}", text(&host.stderr));
+    let host_json = read_json(&dir.join("ndmem-report.json"));
+    let mut with_device = args.to_vec();
+    with_device.extend(["--device", "sim"]);
+    let out = ndmem(&dir, &with_device, &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("device: sim:0 simulated device"),
+        "{stdout}"
+    );
+    for mode in MODES {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{mode} on sim:0")))
+            .unwrap_or_else(|| panic!("no device line for {mode}: {stdout}"));
+        assert!(line.contains("driver allocations"), "{line}");
+    }
+    assert!(
+        stdout.contains("loss curves identical across modes: yes"),
+        "{stdout}"
+    );
+    let json = read_json(&dir.join("ndmem-report.json"));
+    let (h, d) = (
+        numbers(&host_json["modes"][0]["series"]["loss"]),
+        numbers(&json["modes"][0]["series"]["loss"]),
+    );
+    assert_eq!(h.len(), d.len());
+    for (a, b) in h.iter().zip(&d) {
+        assert!(((a - b) / a).abs() < 1e-4, "host {a} vs device {b}");
+    }
+}
+
+#[test]
+fn a_device_that_cannot_be_opened_fails_with_one_line_and_status_2() {
+    let dir = temp_dir("train-no-device");
+    for (device, expect) in [("cuda:7", "--device cuda:7: no device"), ("tpu", "cuda:N")] {
+        let out = ndmem(&dir, &["train", "--steps", "1", "--device", device], &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{device}: {stderr}");
+        assert!(stderr.contains(expect), "{device}: {stderr}");
+        if device == "cuda:7" {
+            assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! The device layer: GPUs (or a simulated one) as a memory source of their own, with a
+//! pool, an exact limit, pinned host staging, mirrored buffers and cyclic workspaces
+//! (semantics §5).
+//!
+//! Invariant: one [`Device`] per device and backend (a CUDA device is opened once per
+//! process and shared; each [`sim`] call makes a new simulated device), and every byte it
+//! holds goes through its pool's budget, so `live + cached <= limit` at every instant. A
+//! device buffer is handed back only through epoch reclamation after a fence on the
+//! device's queue (semantics §6), so no copy or kernel that uses it may still run. Without
+//! a driver or a GPU every call returns `Error::NoDevice` with the reason; nothing panics.
+//!
+//! ```
+//! use ndmem::device::{self, DeviceMemory, SimConfig};
+//!
+//! let gpu = device::sim(SimConfig::new(0).total_memory(64 << 20))?;
+//! let mut buffer = gpu.allocate(4096)?;
+//! gpu.upload(&[7u8; 4096], &mut buffer)?;
+//! let mut back = vec![0u8; 4096];
+//! gpu.download(&buffer, &mut back)?;
+//! assert_eq!(back, vec![7u8; 4096]);
+//! assert_eq!(gpu.stats().transfers(), 2);
+//! # Ok::<(), ndmem::Error>(())
+//! ```
+
+mod backend;
+mod compute;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+mod kernels;
+mod limit;
+mod mirror;
+mod pinned;
+mod pool;
+mod sim;
+pub(crate) mod slot;
+mod stats;
+mod transfer;
+mod workspace;
+
+use std::cell::RefCell;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ndmem_alloc::Usage;
+
+use crate::error::{Error, Result};
+use crate::memory::MemorySource;
+use backend::Backend;
+
+pub use backend::BackendKind;
+pub use compute::{BinaryOp, UnaryOp};
+pub use limit::DeviceLimit;
+pub use mirror::{Mirror, MirrorDevice, MirrorDeviceMut};
+pub use pinned::PinnedBuffer;
+pub use pool::DeviceBuffer;
+pub use stats::DeviceStats;
+pub use transfer::STAGING_BYTES;
+pub use workspace::{DeviceCycle, DeviceWorkspace, DeviceWorkspaceStats, WorkspaceSlice};
+
+/// What a device reports of its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free on the device (all processes counted).
+    pub free: usize,
+    /// Bytes the device has.
+    pub total: usize,
+}
+
+/// A range of device memory that copies and kernels may use: a [`DeviceBuffer`], a
+/// [`WorkspaceSlice`], or a mirror's device side. Sealed: only this crate's types, whose
+/// ranges are live while they are borrowed, implement it.
+pub trait DeviceMemory: Sealed {
+    /// The ordinal of the device the range lives on.
+    fn ordinal(&self) -> u32;
+    /// Its device address.
+    fn device_ptr(&self) -> u64;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Whether it is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Which device object it belongs to (devices of two backends may share an ordinal).
+    #[doc(hidden)]
+    fn device_id(&self) -> usize;
+}
+
+/// A [`DeviceMemory`] range that may be written: copies into it and device operations on
+/// it. A mirror's read-only device side is not one, so its stamps cannot be bypassed.
+pub trait DeviceMemoryMut: DeviceMemory {}
+
+#[doc(hidden)]
+pub trait Sealed {}
+
+/// The shared state of one device.
+pub(crate) struct Inner {
+    pub(crate) ordinal: u32,
+    pub(crate) backend: Backend,
+    pub(crate) counters: stats::Counters,
+    pub(crate) pool: pool::DevicePool,
+    pub(crate) staging: Mutex<Option<PinnedBuffer>>,
+    pub(crate) host: MemorySource,
+    /// Fence tickets issued (one per buffer dropped) and passed: a ticket is passed once an
+    /// event recorded after it was issued has completed.
+    fence_issued: AtomicU64,
+    fence_passed: AtomicU64,
+    fence_lock: Mutex<()>,
+    total_memory: usize,
+    limit_given: DeviceLimit,
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.ordinal)
+            .field("backend", &self.backend.kind())
+            .field("total_memory", &self.total_memory)
+            .field("limit", &self.pool.budget.limit())
+            .finish()
+    }
+}
+
+/// A device (a CUDA GPU, or one simulated in host memory): cheap to clone, compared by
+/// identity. See the [module documentation](self).
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for Device {}
+
+/// How to make a simulated device ([`sim`]).
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    ordinal: u32,
+    total_memory: usize,
+    limit: Option<DeviceLimit>,
+    host: Option<MemorySource>,
+}
+
+impl SimConfig {
+    /// A simulated device with ordinal `ordinal`, 16 GiB of memory, the limit from
+    /// `NDMEM_MAX_DEVICE_BYTES`, staging and mirrors drawn from the global pool.
+    pub fn new(ordinal: u32) -> SimConfig {
+        SimConfig {
+            ordinal,
+            total_memory: 16 << 30,
+            limit: None,
+            host: None,
+        }
+    }
+
+    /// The memory the simulated device has (what `memory_info` reports and the simulated
+    /// driver refuses to exceed).
+    pub fn total_memory(mut self, bytes: usize) -> Self {
+        self.total_memory = bytes;
+        self
+    }
+
+    /// The device's limit, instead of `NDMEM_MAX_DEVICE_BYTES`.
+    pub fn limit(mut self, limit: DeviceLimit) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// The host pool that pinned buffers and host mirrors are counted in.
+    pub fn host(mut self, source: MemorySource) -> Self {
+        self.host = Some(source);
+        self
+    }
+}
+
+/// A new simulated device (semantics §5): host memory behind the device API, counting
+/// every allocation, transfer and byte.
+pub fn sim(config: SimConfig) -> Result<Device> {
+    let limit = match config.limit {
+        Some(limit) => limit,
+        None => DeviceLimit::from_env()?,
+    };
+    let host = config.host.unwrap_or_else(MemorySource::global);
+    Device::open(
+        config.ordinal,
+        Backend::Sim(sim::Sim::new(config.total_memory)),
+        config.total_memory,
+        limit,
+        host,
+    )
+}
+
+/// CUDA device `ordinal`, opened once per process (later calls return the same device).
+/// Its limit is `NDMEM_MAX_DEVICE_BYTES` resolved against its memory (semantics §1).
+/// Without a driver, or without that device: `Error::NoDevice` with the reason.
+pub fn cuda(ordinal: u32) -> Result<Device> {
+    #[cfg(feature = "cuda")]
+    {
+        static OPENED: Mutex<Vec<Device>> = Mutex::new(Vec::new());
+        let mut opened = OPENED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(device) = opened.iter().find(|d| d.ordinal() == ordinal) {
+            return Ok(device.clone());
+        }
+        let limit = DeviceLimit::from_env()?;
+        let backend = cuda::Cuda::open(ordinal)?;
+        let (_, total) = backend.memory_info()?;
+        let device = Device::open(
+            ordinal,
+            Backend::Cuda(backend),
+            total,
+            limit,
+            MemorySource::global(),
+        )?;
+        opened.push(device.clone());
+        Ok(device)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        Err(Error::NoDevice {
+            reason: "ndmem was built without its `cuda` feature".into(),
+        })
+    }
+}
+
+/// The number of CUDA devices; `Error::NoDevice` (with the reason) without a driver.
+pub fn cuda_device_count() -> Result<u32> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::device_count()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(Error::NoDevice {
+            reason: "ndmem was built without its `cuda` feature".into(),
+        })
+    }
+}
+
+/// Whether a CUDA driver library can be loaded (no driver call is made).
+pub fn cuda_driver_present() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::driver_present().is_ok()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Device>> = const { RefCell::new(None) };
+}
+
+/// Makes `device` this thread's current device; returns the previous one.
+pub fn set_current(device: &Device) -> Option<Device> {
+    CURRENT.with(|c| c.borrow_mut().replace(device.clone()))
+}
+
+/// This thread's current device: the one set by [`set_current`], else CUDA device 0.
+pub fn current() -> Result<Device> {
+    match CURRENT.with(|c| c.borrow().clone()) {
+        Some(device) => Ok(device),
+        None => cuda(0),
+    }
+}
+
+/// Clears this thread's current device; returns it.
+pub fn clear_current() -> Option<Device> {
+    CURRENT.with(|c| c.borrow_mut().take())
+}
+
+impl Device {
+    fn open(
+        ordinal: u32,
+        backend: Backend,
+        total_memory: usize,
+        limit_given: DeviceLimit,
+        host: MemorySource,
+    ) -> Result<Device> {
+        let max_bytes = host.pool().limits().0;
+        let limit = limit_given.resolve(total_memory, max_bytes)?;
+        Ok(Device {
+            inner: Arc::new(Inner {
+                ordinal,
+                backend,
+                counters: stats::Counters::default(),
+                pool: pool::DevicePool::new(limit),
+                staging: Mutex::new(None),
+                host,
+                fence_issued: AtomicU64::new(0),
+                fence_passed: AtomicU64::new(0),
+                fence_lock: Mutex::new(()),
+                total_memory,
+                limit_given,
+            }),
+        })
+    }
+
+    /// The device's ordinal (`n` of `[DEVICE n]`, `cuda:n`).
+    pub fn ordinal(&self) -> u32 {
+        self.inner.ordinal
+    }
+
+    /// Which backend it runs on.
+    pub fn kind(&self) -> BackendKind {
+        self.inner.backend.kind()
+    }
+
+    /// The device's name (the GPU's, or "simulated device").
+    pub fn name(&self) -> String {
+        self.inner.backend.name()
+    }
+
+    /// The device's memory as the driver reports it now.
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
+        let (free, total) = self.inner.backend.memory_info()?;
+        Ok(MemoryInfo { free, total })
+    }
+
+    /// The device's memory in bytes, as read when it was opened.
+    pub fn total_memory(&self) -> usize {
+        self.inner.total_memory
+    }
+
+    /// Its limit in bytes (`None`: none of ndmem's own), resolved against its memory.
+    pub fn limit(&self) -> Option<usize> {
+        self.inner.pool.budget.limit()
+    }
+
+    /// The limit as it was given (a size, a percentage, the default).
+    pub fn limit_given(&self) -> DeviceLimit {
+        self.inner.limit_given
+    }
+
+    /// The host pool that its pinned buffers and host mirrors are counted in.
+    pub fn host_source(&self) -> MemorySource {
+        self.inner.host
+    }
+
+    /// A buffer of `bytes` from the device's pool (counted as tensor memory).
+    pub fn allocate(&self, bytes: usize) -> Result<DeviceBuffer> {
+        self.inner.allocate(bytes, Usage::Tensor)
+    }
+
+    /// A buffer of `bytes` from the device's pool, counted as `usage` (what the
+    /// out-of-memory message says holds the memory).
+    pub fn allocate_for(&self, bytes: usize, usage: Usage) -> Result<DeviceBuffer> {
+        self.inner.allocate(bytes, usage)
+    }
+
+    /// Gives the pool's cached buffers back to the driver (after flushing deferred frees);
+    /// returns the bytes released.
+    pub fn trim(&self) -> usize {
+        crate::reclaim::collect();
+        self.inner.trim()
+    }
+
+    /// Waits for all work queued on the device.
+    pub fn synchronize(&self) -> Result<()> {
+        stats::bump(&self.inner.counters.synchronizations, 1);
+        self.inner.backend.synchronize()
+    }
+
+    /// An event recorded after all work queued so far.
+    pub fn record_event(&self) -> Result<Event> {
+        Ok(Event {
+            device: Arc::clone(&self.inner),
+            fence: self.inner.backend.fence()?,
+        })
+    }
+
+    /// The device's figures now.
+    pub fn stats(&self) -> DeviceStats {
+        let mut stats = self.inner.counters.snapshot();
+        stats.used_bytes = self.inner.pool.budget.used();
+        stats.limit = self.limit();
+        stats
+    }
+
+    /// One line: `cuda:0 NVIDIA H100 80GB HBM3, 79.1 GiB, limit 71.2 GiB (default)`.
+    pub fn describe(&self) -> String {
+        use ndmem_alloc::ByteSize;
+        let limit = match self.limit() {
+            Some(l) => ByteSize(l).to_string(),
+            None => "none".into(),
+        };
+        format!(
+            "{}:{} {}, {}, limit {} ({})",
+            self.kind(),
+            self.ordinal(),
+            self.name(),
+            ByteSize(self.total_memory()),
+            limit,
+            self.limit_given()
+        )
+    }
+}
+
+/// A point in a device's queue of work ([`Device::record_event`]).
+pub struct Event {
+    device: Arc<Inner>,
+    fence: backend::Fence,
+}
+
+impl Event {
+    /// Waits until the work recorded before the event is done.
+    pub fn synchronize(&self) -> Result<()> {
+        stats::bump(&self.device.counters.synchronizations, 1);
+        self.device.backend.wait(&self.fence)
+    }
+
+    /// Whether the work recorded before the event is done, without waiting.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.device.backend.is_passed(&self.fence)
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("device", &self.device.ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    /// A ticket for the work queued so far (no driver call): [`Inner::wait_ticket`] waits
+    /// for it.
+    pub(crate) fn fence_ticket(&self) -> u64 {
+        self.fence_issued.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Waits until the work queued before `ticket` was issued has completed; `false` if
+    /// the device failed to say. One event covers every ticket issued before it was
+    /// recorded, so a batch of deferred frees waits once.
+    pub(crate) fn wait_ticket(&self, ticket: u64) -> bool {
+        stats::bump(&self.counters.fences_before_free, 1);
+        if self.fence_passed.load(Ordering::Acquire) >= ticket {
+            return true;
+        }
+        let _one = self
+            .fence_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.fence_passed.load(Ordering::Acquire) >= ticket {
+            return true;
+        }
+        // Every ticket issued by now is covered by an event recorded after this load.
+        let covered = self.fence_issued.load(Ordering::Acquire);
+        let passed = match self.backend.fence() {
+            Ok(fence) => self.backend.wait(&fence).is_ok(),
+            Err(_) => self.backend.synchronize().is_ok(),
+        };
+        if passed {
+            self.fence_passed.fetch_max(covered, Ordering::AcqRel);
+        }
+        passed
+    }
+}
+
+/// `Error::Device` for a misuse caught before the driver is asked.
+pub(crate) fn misuse(ordinal: u32, message: String) -> Error {
+    Error::Device {
+        device: ordinal,
+        message,
+    }
+}

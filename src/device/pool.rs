@@ -1,0 +1,353 @@
+//! The device pool (one per device): size-classed caching of device buffers under an exact
+//! budget, the device twin of the host pool (semantics §1, §5).
+//!
+//! Invariant: every device byte the pool holds, cached buffers included, was reserved in the
+//! device's [`Budget`] before the driver was asked, so `live + cached <= limit` at every
+//! instant, from any number of threads. A freed buffer goes back to its class's cache only
+//! through epoch reclamation and after a fence on the device's queue (one event covers a
+//! batch of frees), so no copy or kernel that used it may still run when it is reused or
+//! freed. After warm-up an allocation of a shape seen before is a cache hit: no driver
+//! call, no budget change.
+
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ndmem_alloc::counter::Budget;
+use ndmem_alloc::{AllocError, MemoryKind, Usage, ENV_MAX_DEVICE_BYTES};
+
+use super::stats::{bump, usage_index};
+use super::{DeviceMemory, Inner};
+use crate::error::{Error, Result};
+
+/// The smallest size class (and the driver's alignment).
+const MIN_CLASS: usize = 512;
+/// Buffers above this size are allocated exactly and never cached.
+const MAX_CACHED: usize = 1 << 30;
+/// Classes: one for `<= 512`, then four per power of two up to [`MAX_CACHED`].
+const CLASSES: usize = 1 + 4 * (MAX_CACHED.trailing_zeros() as usize - 9);
+/// How long an allocation at the limit keeps flushing this device's deferred frees.
+const DEFERRED_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// Buffers kept per class.
+pub(crate) const CACHED_PER_CLASS: usize = 32;
+
+/// The class of a request: its index (`None`: not cached) and the bytes it holds.
+pub(crate) fn size_class(bytes: usize) -> (Option<usize>, usize) {
+    if bytes <= MIN_CLASS {
+        return (Some(0), MIN_CLASS);
+    }
+    if bytes > MAX_CACHED {
+        return (None, bytes.next_multiple_of(MIN_CLASS));
+    }
+    let k = (bytes - 1).ilog2() as usize; // 2^k < bytes <= 2^(k+1)
+    let base = 1usize << k;
+    let step = base / 4;
+    let sub = (bytes - base).div_ceil(step); // 1..=4
+    (Some(1 + (k - 9) * 4 + (sub - 1)), base + sub * step)
+}
+
+/// The cache and the budget of one device.
+pub(crate) struct DevicePool {
+    pub(crate) budget: Budget,
+    classes: Box<[Mutex<Vec<u64>>]>,
+}
+
+impl DevicePool {
+    pub(crate) fn new(limit: Option<usize>) -> DevicePool {
+        DevicePool {
+            budget: Budget::new(limit),
+            classes: (0..CLASSES).map(|_| Mutex::new(Vec::new())).collect(),
+        }
+    }
+
+    fn class(&self, index: usize) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        self.classes[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl fmt::Debug for DevicePool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DevicePool")
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A buffer of device memory from a device's pool. Dropping it hands it back through epoch
+/// reclamation, after a fence (semantics §5).
+pub struct DeviceBuffer {
+    pub(crate) device: Arc<Inner>,
+    pub(crate) ptr: u64,
+    len: usize,
+    capacity: usize,
+    class: Option<usize>,
+    usage: Usage,
+}
+
+impl DeviceBuffer {
+    /// The bytes asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes (never: zero-byte requests are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes the pool holds for it (its size class).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Its device address.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The ordinal of its device.
+    pub fn ordinal(&self) -> u32 {
+        self.device.ordinal
+    }
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("device", &self.device.ordinal)
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+impl super::Sealed for DeviceBuffer {}
+impl super::DeviceMemoryMut for DeviceBuffer {}
+
+impl DeviceMemory for DeviceBuffer {
+    fn ordinal(&self) -> u32 {
+        self.device.ordinal
+    }
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device_id(&self) -> usize {
+        Arc::as_ptr(&self.device) as usize
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let device = Arc::clone(&self.device);
+        let (ptr, capacity, class, usage) = (self.ptr, self.capacity, self.class, self.usage);
+        // Work queued so far may still use the buffer: wait for it before reuse.
+        let ticket = device.fence_ticket();
+        device
+            .counters
+            .deferred
+            .fetch_add(capacity, std::sync::atomic::Ordering::Relaxed);
+        crate::reclaim::defer_with(capacity, move || {
+            let passed = device.wait_ticket(ticket);
+            device.give_back(ptr, capacity, class, usage, passed);
+            device
+                .counters
+                .deferred
+                .fetch_sub(capacity, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+}
+
+impl Inner {
+    /// A buffer of `bytes` from this device's pool, counted as `usage` (semantics §5).
+    pub(crate) fn allocate(self: &Arc<Self>, bytes: usize, usage: Usage) -> Result<DeviceBuffer> {
+        if bytes == 0 || bytes > isize::MAX as usize {
+            return Err(Error::Alloc(AllocError::InvalidLayout {
+                size: bytes,
+                align: MIN_CLASS,
+                reason: "device buffers hold between 1 and isize::MAX bytes",
+            }));
+        }
+        let (class, capacity) = size_class(bytes);
+        let mut ptr = self.take_cached(class, capacity);
+        if ptr.is_none() && class.is_some() && self.counters.deferred.load(Ordering::Relaxed) > 0 {
+            // Buffers of this device wait for reclamation: flush them into the cache before
+            // asking the driver, so a steady loop reuses its buffers.
+            crate::reclaim::collect();
+            ptr = self.take_cached(class, capacity);
+        }
+        let ptr = match ptr {
+            Some(ptr) => ptr,
+            None => self.allocate_new(bytes, capacity)?,
+        };
+        self.counters.live.add(capacity);
+        self.counters.by_usage[usage_index(usage)].fetch_add(capacity, Ordering::Relaxed);
+        Ok(DeviceBuffer {
+            device: Arc::clone(self),
+            ptr,
+            len: bytes,
+            capacity,
+            class,
+            usage,
+        })
+    }
+
+    fn take_cached(&self, class: Option<usize>, capacity: usize) -> Option<u64> {
+        let ptr = self.pool.class(class?).pop()?;
+        self.counters.cached.sub(capacity);
+        bump(&self.counters.pool_hits, 1);
+        Some(ptr)
+    }
+
+    /// Reserves and asks the driver; at the limit, flushes deferred frees, then empties
+    /// the cache, and tries once more.
+    fn allocate_new(&self, bytes: usize, capacity: usize) -> Result<u64> {
+        let class = size_class(bytes).0;
+        let mut retried = false;
+        loop {
+            match self.pool.budget.try_reserve(capacity) {
+                Ok(_) => match self.backend.malloc(self.ordinal, capacity) {
+                    Ok(ptr) => {
+                        bump(&self.counters.driver_allocations, 1);
+                        return Ok(ptr);
+                    }
+                    Err(e) => {
+                        self.pool.budget.release(capacity);
+                        if retried || self.trim() == 0 {
+                            return Err(e);
+                        }
+                    }
+                },
+                Err(exhausted) => {
+                    if retried {
+                        return Err(Error::Alloc(AllocError::OutOfMemory {
+                            kind: MemoryKind::Device(self.ordinal),
+                            requested: capacity,
+                            thread: thread_number(),
+                            used: exhausted.used,
+                            limit: exhausted.limit,
+                            holders: self.counters.holders(),
+                            variable: ENV_MAX_DEVICE_BYTES,
+                        }));
+                    }
+                    // Flush this device's deferred frees. A thread pinned elsewhere holds
+                    // them back only for the length of one operation: keep collecting
+                    // while some are pending, for at most 100 ms.
+                    let deadline = std::time::Instant::now() + DEFERRED_WAIT;
+                    loop {
+                        crate::reclaim::collect();
+                        if self.counters.deferred.load(Ordering::Relaxed) == 0
+                            || std::time::Instant::now() >= deadline
+                        {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                    if let Some(ptr) = self.take_cached(class, capacity) {
+                        return Ok(ptr);
+                    }
+                    self.trim();
+                }
+            }
+            retried = true;
+        }
+    }
+
+    /// Takes a buffer back (from a deferred free, its fence passed or not).
+    fn give_back(
+        &self,
+        ptr: u64,
+        capacity: usize,
+        class: Option<usize>,
+        usage: Usage,
+        passed: bool,
+    ) {
+        self.counters.live.sub(capacity);
+        self.counters.by_usage[usage_index(usage)].fetch_sub(capacity, Ordering::Relaxed);
+        if !passed {
+            // The device failed to pass the fence: work may still use the buffer, so it is
+            // neither reused nor freed; its bytes stay reserved (lost with the context).
+            return;
+        }
+        {
+            if let Some(class) = class {
+                let mut cache = self.pool.class(class);
+                if cache.len() < CACHED_PER_CLASS {
+                    cache.push(ptr);
+                    self.counters.cached.add(capacity);
+                    return;
+                }
+            }
+        }
+        self.free_to_driver(ptr, capacity);
+    }
+
+    fn free_to_driver(&self, ptr: u64, capacity: usize) {
+        // SAFETY: `ptr` came from `malloc(_, capacity)` of this backend, is no longer handed
+        // out (its buffer was dropped, or it sat in the cache), and its fence was waited on.
+        let _ = unsafe { self.backend.free(ptr, capacity) };
+        self.pool.budget.release(capacity);
+        bump(&self.counters.driver_frees, 1);
+    }
+
+    /// Gives every cached buffer back to the driver; returns the bytes released.
+    pub(crate) fn trim(&self) -> usize {
+        let mut released = 0;
+        for index in 0..CLASSES {
+            let drained: Vec<u64> = std::mem::take(&mut *self.pool.class(index));
+            let capacity = class_bytes(index);
+            for ptr in drained {
+                self.counters.cached.sub(capacity);
+                self.free_to_driver(ptr, capacity);
+                released += capacity;
+            }
+        }
+        released
+    }
+}
+
+/// The bytes of class `index`.
+fn class_bytes(index: usize) -> usize {
+    if index == 0 {
+        return MIN_CLASS;
+    }
+    let k = (index - 1) / 4 + 9;
+    let sub = (index - 1) % 4 + 1;
+    (1usize << k) + sub * ((1usize << k) / 4)
+}
+
+/// A number for the calling thread, for error messages.
+fn thread_number() -> u64 {
+    let id = format!("{:?}", std::thread::current().id());
+    id.bytes().filter(u8::is_ascii_digit).fold(0u64, |n, d| {
+        n.wrapping_mul(10).wrapping_add(u64::from(d - b'0'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_quarter_powers_of_two() {
+        assert_eq!(size_class(1), (Some(0), 512));
+        assert_eq!(size_class(512), (Some(0), 512));
+        assert_eq!(size_class(513), (Some(1), 640));
+        assert_eq!(size_class(1024), (Some(4), 1024));
+        assert_eq!(size_class(1025), (Some(5), 1280));
+        assert_eq!(size_class(MAX_CACHED), (Some(CLASSES - 1), MAX_CACHED));
+        assert_eq!(size_class(MAX_CACHED + 1).0, None);
+        for bytes in [1, 700, 4096, 5000, 1 << 20, (1 << 20) + 3, MAX_CACHED] {
+            let (class, capacity) = size_class(bytes);
+            assert!(capacity >= bytes && capacity - bytes <= capacity / 4 + 512);
+            assert_eq!(class_bytes(class.unwrap()), capacity, "{bytes}");
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The device pool: caching by size class, transfers through staging, deferred frees after
+//! a fence (semantics §5, §6).
+
+use ndmem::device::{self, BackendKind, DeviceMemory, STAGING_BYTES};
+
+use crate::sim;
+
+#[test]
+fn a_freed_buffer_is_reused_without_the_driver() {
+    let gpu = sim(0, 1 << 30);
+    assert_eq!(gpu.kind(), BackendKind::Sim);
+    let first = gpu.allocate(10_000).unwrap();
+    assert_eq!(first.len(), 10_000);
+    assert!(first.capacity() >= 10_000);
+    assert_eq!(first.device_ptr() % 256, 0);
+    drop(first);
+    crate::settle(&gpu);
+    let before = gpu.stats();
+    assert_eq!(before.driver_allocations, 1);
+    assert_eq!(before.live_bytes, 0);
+    assert!(before.cached_bytes >= 10_000);
+    assert!(before.fences_before_free >= 1, "a fence before reuse");
+    for _ in 0..100 {
+        let b = gpu.allocate(9_000).unwrap(); // the same size class
+        drop(b);
+        crate::settle(&gpu);
+    }
+    let after = gpu.stats().since(&before);
+    assert_eq!(after.driver_allocations, 0);
+    assert_eq!(after.pool_hits, 100);
+}
+
+#[test]
+fn trim_gives_the_cache_back_to_the_driver() {
+    let gpu = sim(0, 1 << 30);
+    drop(gpu.allocate(1 << 20).unwrap());
+    assert!(gpu.trim() >= 1 << 20);
+    let stats = gpu.stats();
+    assert_eq!(
+        (stats.cached_bytes, stats.used_bytes, stats.driver_frees),
+        (0, 0, 1)
+    );
+    let info = gpu.memory_info().unwrap();
+    assert_eq!(info.free, info.total);
+}
+
+#[test]
+fn large_copies_go_through_staging_in_chunks_and_count_once() {
+    let gpu = sim(0, 1 << 30);
+    let n = STAGING_BYTES * 2 + 12345;
+    let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    let mut buffer = gpu.allocate(n).unwrap();
+    gpu.upload(&data, &mut buffer).unwrap();
+    let mut back = vec![0u8; n];
+    gpu.download(&buffer, &mut back).unwrap();
+    assert!(back == data);
+    let stats = gpu.stats();
+    assert_eq!((stats.htod_transfers, stats.dtoh_transfers), (1, 1));
+    assert_eq!(stats.htod_bytes, n as u64);
+    assert_eq!(stats.staged_bytes, 2 * n as u64);
+    // One staging buffer, reused for both directions.
+    assert_eq!(stats.pinned_allocations, 1);
+    assert_eq!(stats.pinned_bytes, STAGING_BYTES);
+}
+
+#[test]
+fn pinned_copies_go_directly() {
+    let gpu = sim(0, 1 << 30);
+    let mut pinned = gpu.allocate_pinned(4096).unwrap();
+    pinned.as_mut_slice().fill(0xab);
+    let mut buffer = gpu.allocate(4096).unwrap();
+    gpu.upload_pinned(&pinned, &mut buffer).unwrap();
+    gpu.fill(&mut buffer, 0x11).unwrap();
+    gpu.download_pinned(&buffer, &mut pinned).unwrap();
+    assert!(pinned.as_slice().iter().all(|b| *b == 0x11));
+    let stats = gpu.stats();
+    assert_eq!(stats.staged_bytes, 0);
+    assert_eq!(stats.transfers(), 2);
+}
+
+#[test]
+fn sizes_that_do_not_fit_are_errors_not_panics() {
+    let gpu = sim(0, 1 << 30);
+    let mut small = gpu.allocate(16).unwrap();
+    let err = gpu.upload(&[0u8; 32], &mut small).unwrap_err().to_string();
+    assert!(err.contains("32 bytes do not fit in 16"), "{err}");
+    assert!(gpu.allocate(0).is_err());
+}
+
+#[test]
+fn pinned_buffers_are_counted_in_the_host_pool_and_freed_through_reclamation() {
+    use ndmem::alloc::{Limits, Pool};
+    use ndmem::MemorySource;
+    let host = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    let gpu = device::sim(
+        device::SimConfig::new(0)
+            .limit(device::DeviceLimit::Unlimited)
+            .host(host),
+    )
+    .unwrap();
+    let pinned = gpu.allocate_pinned(600 << 10).unwrap();
+    assert_eq!(host.pool().stats().mirror_bytes, 600 << 10);
+    let err = gpu.allocate_pinned(600 << 10).unwrap_err().to_string();
+    assert!(
+        err.contains("[HOST]") && err.contains("host mirrors 600.0 KiB"),
+        "{err}"
+    );
+    drop(pinned);
+    crate::settle(&gpu);
+    assert_eq!(gpu.stats().pinned_bytes, 0);
+    assert!(gpu.allocate_pinned(600 << 10).is_ok());
+}
+
+#[test]
+fn events_and_synchronize_are_counted() {
+    let gpu = sim(0, 1 << 30);
+    let event = gpu.record_event().unwrap();
+    assert!(event.is_complete().unwrap());
+    event.synchronize().unwrap();
+    gpu.synchronize().unwrap();
+    assert_eq!(gpu.stats().synchronizations, 2);
+}
+
+#[test]
+fn the_current_device_is_per_thread() {
+    let gpu = sim(3, 1 << 20);
+    assert!(device::set_current(&gpu).is_none());
+    assert_eq!(device::current().unwrap().ordinal(), 3);
+    std::thread::spawn(|| {
+        // Another thread has no current device: CUDA device 0, or NoDevice here.
+        match device::current() {
+            Ok(d) => assert_eq!(d.kind(), BackendKind::Cuda),
+            Err(e) => assert!(e.to_string().starts_with("no device"), "{e}"),
+        }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(device::clear_current(), Some(gpu));
+}
+
+#[test]
+fn describe_names_kind_ordinal_memory_and_limit() {
+    let gpu = device::sim(
+        device::SimConfig::new(2)
+            .total_memory(8 << 30)
+            .limit(device::DeviceLimit::parse("25%").unwrap()),
+    )
+    .unwrap();
+    assert_eq!(
+        gpu.describe(),
+        "sim:2 simulated device, 8.00 GiB, limit 2.00 GiB (25%)"
+    );
+    let _ = gpu.stats().limit.unwrap();
+    let buffer = gpu.allocate(100).unwrap();
+    assert_eq!(buffer.ordinal(), 2);
+    assert_eq!(DeviceMemory::len(&buffer), 100);
+}

@@ -1,0 +1,163 @@
+//! Device workspaces: the first cycle spills and learns; every later cycle bumps in one
+//! buffer and asks the driver (and the pool) for nothing (semantics §2.3, §5).
+
+use ndmem::device::{DeviceMemory, DeviceWorkspace};
+use ndmem::{Error, LearningPolicy, MirroringPolicy, ResetPolicy, SpillPolicy, WorkspaceConfig};
+
+use crate::sim;
+
+fn one_step(ws: &mut DeviceWorkspace, sizes: &[usize]) {
+    let gpu = ws.device().clone();
+    let cycle = ws.enter();
+    let mut slices = Vec::new();
+    for (i, size) in sizes.iter().enumerate() {
+        let mut s = cycle.allocate(*size, 256).unwrap();
+        assert_eq!(s.device_ptr() % 256, 0);
+        gpu.fill(&mut s, i as u8).unwrap();
+        slices.push(s);
+    }
+    // No two slices overlap: each still holds its own fill.
+    for (i, s) in slices.iter().enumerate() {
+        assert!(gpu.sim_bytes(s).unwrap().iter().all(|b| *b == i as u8));
+    }
+}
+
+#[test]
+fn after_the_first_cycle_a_workspace_asks_the_driver_for_nothing() {
+    let gpu = sim(0, 1 << 30);
+    let mut ws = DeviceWorkspace::new(&gpu, "LOOP", &WorkspaceConfig::default()).unwrap();
+    let sizes = [4096, 100, 65536, 3000, 1 << 20];
+    one_step(&mut ws, &sizes);
+    let learned = ws.stats();
+    assert_eq!(learned.cycles, 1);
+    assert!(learned.spilled > 0);
+    assert!(learned.buffer_bytes >= sizes.iter().sum::<usize>());
+    crate::settle(&gpu);
+    let before = gpu.stats();
+    for _ in 0..50 {
+        one_step(&mut ws, &sizes);
+    }
+    crate::settle(&gpu);
+    let after = gpu.stats().since(&before);
+    assert_eq!(after.driver_allocations, 0, "{after:?}");
+    assert_eq!(after.pool_hits, 0, "not even the pool's cache");
+    assert_eq!(ws.stats().total_spilled, learned.total_spilled);
+    assert_eq!(ws.stats().cycles, 51);
+}
+
+#[test]
+fn over_time_learns_after_the_configured_cycles() {
+    let gpu = sim(0, 1 << 30);
+    let config = WorkspaceConfig::builder()
+        .policy_learning(LearningPolicy::OverTime)
+        .cycles_before_initialization(3)
+        .build()
+        .unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "OT", &config).unwrap();
+    for cycle in 1..=4u64 {
+        one_step(&mut ws, &[1000 * cycle as usize]);
+        let s = ws.stats();
+        assert_eq!(s.buffer_bytes > 0, cycle >= 3, "cycle {cycle}");
+    }
+    assert_eq!(ws.stats().spilled, 0, "the fourth cycle fits");
+}
+
+#[test]
+fn an_initial_size_takes_the_buffer_at_once_and_fail_refuses_overflow() {
+    let gpu = sim(0, 1 << 30);
+    let config = WorkspaceConfig::builder()
+        .initial_size(64 << 10)
+        .policy_spill(SpillPolicy::Fail)
+        .build()
+        .unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "FIXED", &config).unwrap();
+    assert!(ws.stats().buffer_bytes >= 64 << 10);
+    assert_eq!(gpu.stats().driver_allocations, 1);
+    let cycle = ws.enter();
+    let _a = cycle.allocate(60 << 10, 256).unwrap();
+    let err = cycle.allocate(1 << 20, 256).unwrap_err();
+    assert!(matches!(err, Error::WorkspaceFull { .. }), "{err:?}");
+    assert!(err.to_string().contains("FIXED"));
+}
+
+#[test]
+fn reallocate_grows_the_buffer_after_a_spill() {
+    let gpu = sim(0, 1 << 30);
+    let config = WorkspaceConfig::builder()
+        .policy_spill(SpillPolicy::Reallocate)
+        .build()
+        .unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "GROW", &config).unwrap();
+    one_step(&mut ws, &[10_000]);
+    let first = ws.stats().buffer_bytes;
+    one_step(&mut ws, &[10_000, 50_000]);
+    assert!(ws.stats().buffer_bytes > first);
+    one_step(&mut ws, &[10_000, 50_000]);
+    assert_eq!(ws.stats().spilled, 0);
+}
+
+#[test]
+fn host_only_workspaces_take_pinned_memory_and_no_device_memory() {
+    let gpu = sim(0, 1 << 30);
+    let config = WorkspaceConfig::builder()
+        .policy_mirroring(MirroringPolicy::HostOnly)
+        .build()
+        .unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "HOST", &config).unwrap();
+    for _ in 0..3 {
+        one_step(&mut ws, &[4096, 8192]);
+    }
+    crate::settle(&gpu);
+    let stats = gpu.stats();
+    assert_eq!(stats.driver_allocations, 0);
+    assert_eq!(stats.live_bytes, 0);
+    assert!(stats.pinned_bytes >= 4096 + 8192);
+}
+
+#[test]
+fn circular_device_workspaces_are_refused() {
+    let gpu = sim(0, 1 << 30);
+    let config = WorkspaceConfig::builder()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(1.0)
+        .build()
+        .unwrap();
+    let err = DeviceWorkspace::new(&gpu, "RING", &config).unwrap_err();
+    assert!(err.to_string().contains("linear"), "{err}");
+}
+
+#[test]
+fn bad_alignment_is_an_error() {
+    let gpu = sim(0, 1 << 30);
+    let mut ws = DeviceWorkspace::new(&gpu, "A", &WorkspaceConfig::default()).unwrap();
+    let cycle = ws.enter();
+    assert!(cycle.allocate(64, 3).is_err());
+    assert!(cycle.allocate(64, 4096).unwrap().device_ptr() % 4096 == 0);
+}
+
+/// The host-side cost of a learned device workspace's allocation (a bump, no driver call).
+/// Timing only: `cargo test --release -p ndmem --test device -- --ignored bump_cost`.
+#[test]
+#[ignore = "timing; run in release"]
+fn bump_cost() {
+    let gpu = sim(0, 1 << 30);
+    let mut ws = DeviceWorkspace::new(&gpu, "TIMED", &WorkspaceConfig::default()).unwrap();
+    let sizes = [4096usize, 256, 65536, 1024];
+    let rounds = 200_000;
+    for _ in 0..2 {
+        let cycle = ws.enter();
+        for s in sizes {
+            std::hint::black_box(cycle.allocate(s, 256).unwrap());
+        }
+    }
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        let cycle = ws.enter();
+        for s in sizes {
+            std::hint::black_box(cycle.allocate(s, 256).unwrap());
+        }
+    }
+    let per = start.elapsed().as_nanos() as f64 / (rounds * sizes.len()) as f64;
+    eprintln!("device workspace allocation (cycle enter/exit included): {per:.1} ns");
+    assert_eq!(ws.stats().spilled, 0);
+}
