@@ -21,6 +21,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::workspace::{workspaces, AllocationPolicy, ResetPolicy, SpillPolicy, WorkspaceConfig};
@@ -31,17 +32,25 @@ pub const DEFAULT_NAME: &str = "PREFETCH";
 /// The queue capacity [`Prefetch::builder`] starts from.
 pub const DEFAULT_CAPACITY: usize = 2;
 
-/// A set of tensors that can be copied out of workspace memory: what [`Batch::detach`]
-/// needs. Implemented for [`Tensor`], `Vec`s and tuples of up to four of them, and for
-/// plain values that hold no tensor (numbers, `bool`, `String`), which are cloned.
+/// A set of tensors that can be copied out of workspace memory ([`Batch::detach`]) or to a
+/// device ([`PrefetchBuilder::device`]). Implemented for [`Tensor`], `Vec`s and tuples of
+/// up to four of them, and for plain values that hold no tensor (numbers, `bool`,
+/// `String`), which are cloned.
 pub trait Tensors: Sized {
     /// The same set with every tensor replaced by its `detach()` copy (semantics §3).
     fn detach(&self) -> Result<Self>;
+
+    /// The same set with every tensor replaced by its copy on `device` (semantics §5).
+    fn to_device(&self, device: &Device) -> Result<Self>;
 }
 
 impl Tensors for Tensor {
     fn detach(&self) -> Result<Self> {
         Tensor::detach(self)
+    }
+
+    fn to_device(&self, device: &Device) -> Result<Self> {
+        Tensor::to_device(self, device)
     }
 }
 
@@ -49,12 +58,20 @@ impl<T: Tensors> Tensors for Vec<T> {
     fn detach(&self) -> Result<Self> {
         self.iter().map(Tensors::detach).collect()
     }
+
+    fn to_device(&self, device: &Device) -> Result<Self> {
+        self.iter().map(|t| t.to_device(device)).collect()
+    }
 }
 
 macro_rules! plain_tensors {
     ($($plain:ty),+) => {
         $(impl Tensors for $plain {
             fn detach(&self) -> Result<Self> {
+                Ok(self.clone())
+            }
+
+            fn to_device(&self, _device: &Device) -> Result<Self> {
                 Ok(self.clone())
             }
         })+
@@ -67,6 +84,10 @@ macro_rules! tuple_tensors {
         impl<$($name: Tensors),+> Tensors for ($($name,)+) {
             fn detach(&self) -> Result<Self> {
                 Ok(($(self.$index.detach()?,)+))
+            }
+
+            fn to_device(&self, device: &Device) -> Result<Self> {
+                Ok(($(self.$index.to_device(device)?,)+))
             }
         }
     };
@@ -230,6 +251,32 @@ pub struct PrefetchBuilder {
     config: Option<WorkspaceConfig>,
 }
 
+/// Settings of a prefetching iterator that hands its batches over on a device; see
+/// [`PrefetchBuilder::device`].
+#[derive(Debug, Clone)]
+pub struct DevicePrefetchBuilder {
+    host: PrefetchBuilder,
+    device: Device,
+}
+
+impl DevicePrefetchBuilder {
+    /// Starts the producer thread: each batch is built in the producer's workspace as with
+    /// [`PrefetchBuilder::spawn`], then copied to the device there, and the device copy is
+    /// what the consumer receives. The host copy's ring slot is free again once the copy
+    /// is made.
+    pub fn spawn<I, B, It, F>(self, items: It, mut build: F) -> Result<Prefetch<B>>
+    where
+        It: IntoIterator<Item = I>,
+        It::IntoIter: Send + 'static,
+        F: FnMut(I) -> Result<B> + Send + 'static,
+        B: Tensors + Send + 'static,
+    {
+        let device = self.device;
+        self.host
+            .spawn(items, move |item| build(item)?.to_device(&device))
+    }
+}
+
 impl PrefetchBuilder {
     /// The iterator's name: the producer's workspace id, and what errors call it.
     pub fn name(mut self, name: impl Into<String>) -> Self {
@@ -292,6 +339,16 @@ impl PrefetchBuilder {
                 closed: AtomicBool::new(false),
             }),
             finished: false,
+        }
+    }
+
+    /// Batches are copied to `device` on the producer thread, after they are built, so the
+    /// copies overlap the consumer's work (semantics §6). The copy reads the producer's
+    /// ring and goes through the device's pinned staging buffer (semantics §5).
+    pub fn device(self, device: &Device) -> DevicePrefetchBuilder {
+        DevicePrefetchBuilder {
+            host: self,
+            device: device.clone(),
         }
     }
 

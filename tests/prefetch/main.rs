@@ -396,3 +396,35 @@ fn a_prefetched_stream_equals_the_shielded_one() {
     let shielded = sums(shield(0..30u64, |i| make(i, 50)));
     assert_eq!(prefetched, shielded);
 }
+
+#[test]
+fn with_a_device_the_producer_hands_over_device_copies_in_order() {
+    // Semantics §6 and §5: the copy to the device happens on the producer thread, through
+    // the device's pinned staging buffer, so the consumer receives device tensors.
+    use ndmem::device::{sim, SimConfig};
+    let gpu = sim(SimConfig::new(0)).unwrap();
+    let source = private();
+    let before = gpu.stats();
+    // Room for every batch inside its window, so the copies can be counted before any is
+    // read back.
+    let mut stream = builder("DEVICE", 12, &source)
+        .device(&gpu)
+        .spawn(0..12u64, |i| make(i, 512))
+        .unwrap();
+    let batches: Vec<_> = stream.by_ref().map(Result::unwrap).collect();
+    let copies = gpu.stats().since(&before);
+    assert_eq!(copies.htod_transfers, 12, "one upload per batch");
+    assert_eq!(copies.htod_bytes, 12 * 512 * 4);
+    assert_eq!(
+        copies.staged_bytes, copies.htod_bytes,
+        "through the pinned staging buffer"
+    );
+    for (i, batch) in batches.iter().enumerate() {
+        let (tensor, sum) = batch.get().unwrap();
+        assert!(tensor.is_on_device(), "batch {i} is on the device");
+        assert_eq!(tensor.device().as_ref(), Some(&gpu));
+        let values = tensor.to_host().unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(values[0], value(i as u64, 0));
+        assert_eq!(checksum(values.into_iter()), *sum, "batch {i} intact");
+    }
+}
