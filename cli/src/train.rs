@@ -335,12 +335,14 @@ pub fn describe_prefetch(prefetch: usize) -> String {
 pub const BATCH_WORKSPACE: &str = "BATCHES";
 
 /// The training batches of `total` steps, in the order of the per-epoch shuffles: built
-/// `options.prefetch` ahead by a producer thread in its circular workspace, or, with 0, on
-/// this thread (semantics §6). The order is the same either way, so the losses are too.
+/// `options.prefetch` ahead by a producer thread in its circular workspace (and copied to
+/// `device` there, if one is given), or, with 0, on this thread (semantics §6). The order
+/// is the same either way, so the losses are too.
 fn batches(
     options: &TrainOptions,
     split: &Split,
     total: u64,
+    device: Option<&Device>,
 ) -> Result<Prefetch<(Tensor, Tensor)>, String> {
     let data = split.train.clone();
     let rows = data.rows();
@@ -366,13 +368,12 @@ fn batches(
     let builder = Prefetch::builder()
         .name(BATCH_WORKSPACE)
         .capacity(options.prefetch);
-    if options.prefetch == 0 {
-        Ok(builder.shield(0..total, build))
-    } else {
-        builder
-            .spawn(0..total, build)
-            .map_err(|e| format!("starting the batch producer: {e}"))
-    }
+    let started = match device {
+        _ if options.prefetch == 0 => return Ok(builder.shield(0..total, build)),
+        Some(gpu) => builder.device(gpu).spawn(0..total, build),
+        None => builder.spawn(0..total, build),
+    };
+    started.map_err(|e| format!("starting the batch producer: {e}"))
 }
 
 /// One line comparing `workspaces` (and `scopes`) with `pool`, when they ran.
@@ -484,28 +485,32 @@ fn run_mode(
     // Started once the parameters exist: the producer's pool allocations (its first batch,
     // then its ring) come before the first batch is handed over, outside every step, and
     // reading a batch is outside the timed region.
-    let batches = batches(options, split, total as u64)?;
+    let batches = batches(options, split, total as u64, device)?;
     for batch in batches {
         let step = series.loss.len() + 1;
         let batch = batch.map_err(|e| format!("reading the batch of step {step}: {e}"))?;
         let (x, y) = batch.get().map_err(|e| format!("at step {step}: {e}"))?;
-        let (x, y) = (
-            x.view::<f32>()
-                .map_err(|e| format!("at step {step}: {e}"))?,
-            y.view::<f32>()
-                .map_err(|e| format!("at step {step}: {e}"))?,
-        );
-        let (x, y) = (
-            x.as_array().to_slice().unwrap_or_default(),
-            y.as_array().to_slice().unwrap_or_default(),
-        );
+        // Host batches are read in place; prefetched device batches go to the step as they
+        // are (the copy in was the producer's).
+        let host = if x.is_on_device() {
+            None
+        } else {
+            let at = |e| format!("at step {step}: {e}");
+            Some((x.view::<f32>().map_err(at)?, y.view::<f32>().map_err(at)?))
+        };
         pool.reset_peak();
         let (before, heap_before) = (pool.stats(), heap::stats());
 
         let started = Instant::now();
-        let loss = trainer
-            .step(x, y, options.lr)
-            .map_err(|e| format!("at step {}: {e}", series.loss.len() + 1))?;
+        let loss = match &host {
+            Some((xv, yv)) => trainer.step(
+                xv.as_array().to_slice().unwrap_or_default(),
+                yv.as_array().to_slice().unwrap_or_default(),
+                options.lr,
+            ),
+            None => trainer.step_on_device(x, y, options.lr),
+        }
+        .map_err(|e| format!("at step {step}: {e}"))?;
         let took = started.elapsed();
         elapsed += took;
         if !loss.is_finite() {
@@ -584,6 +589,7 @@ mod tests {
             seed: 7,
             max_bytes: None,
             prefetch,
+            device: None,
             out_dir: PathBuf::new(),
             json: PathBuf::new(),
             svg: PathBuf::new(),
@@ -593,7 +599,7 @@ mod tests {
     /// Every batch of `total` steps, read back.
     fn stream(prefetch: usize, batch: usize, total: u64) -> Vec<(Vec<f32>, Vec<f32>)> {
         let split = Split::new(&Dataset::iris().unwrap(), 7);
-        batches(&options(prefetch, batch), &split, total)
+        batches(&options(prefetch, batch), &split, total, None)
             .unwrap()
             .map(|b| {
                 let b = b.unwrap();
