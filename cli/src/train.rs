@@ -634,4 +634,39 @@ mod tests {
         }
         assert_eq!(stream(2, 16, 10), expected[..10], "a --steps cap");
     }
+
+    #[test]
+    fn with_a_device_the_producer_copies_the_batches_there_and_the_steps_agree() {
+        let gpu = device::sim(device::SimConfig::new(0)).unwrap();
+        let split = Split::new(&Dataset::iris().unwrap(), 7);
+        let on_device: Vec<(Tensor, Tensor)> = batches(&options(2, 16), &split, 8, Some(&gpu))
+            .unwrap()
+            .map(|b| b.unwrap().get().unwrap().clone())
+            .collect();
+        let host = stream(2, 16, 8);
+        assert_eq!(on_device.len(), host.len());
+        let dims = Dims {
+            inputs: FEATURES,
+            hidden: 8,
+            classes: CLASSES.len(),
+        };
+        for mode in Mode::ALL {
+            let mut copied_in = Trainer::new(mode, dims, 7)
+                .unwrap()
+                .on_device(&gpu)
+                .unwrap();
+            let mut prefetched = Trainer::new(mode, dims, 7)
+                .unwrap()
+                .on_device(&gpu)
+                .unwrap();
+            for ((x, y), (hx, hy)) in on_device.iter().zip(&host) {
+                assert!(x.is_on_device() && y.is_on_device());
+                assert_eq!(&x.to_host().unwrap().to_vec::<f32>().unwrap(), hx);
+                assert_eq!(&y.to_host().unwrap().to_vec::<f32>().unwrap(), hy);
+                let a = copied_in.step(hx, hy, 0.1).unwrap();
+                let b = prefetched.step_on_device(x, y, 0.1).unwrap();
+                assert_eq!(a.to_bits(), b.to_bits(), "{}", mode.name());
+            }
+        }
+    }
 }
