@@ -274,6 +274,87 @@ fn limit_holds_under_four_threads() {
     );
 }
 
+/// The largest block `try_reserve_exact` grants now, to within 4 KiB (a binary search
+/// between 0 and `hi`).
+fn largest_allocation(hi: usize) -> usize {
+    let (mut lo, mut hi) = (0, hi);
+    while hi - lo > 4096 {
+        let mid = lo + (hi - lo) / 2;
+        let mut v: Vec<u8> = Vec::new();
+        if v.try_reserve_exact(mid).is_ok() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Idle threads do not keep the heap's headroom from the thread that needs it
+/// (semantics §1): 64 threads each allocate and free, then wait; a refused allocation
+/// first recalls the budget they hold in reserve, so one block can take nearly all of the
+/// headroom, and the figures stay exact.
+fn idle_threads_do_not_strand_the_headroom() {
+    const THREADS: usize = 64;
+    const HEADROOM: usize = 8 << 20;
+    let start_live = heap::stats().live_bytes;
+    let limit = heap::stats().reserved_bytes + HEADROOM;
+    heap::set_limit(Some(limit)).unwrap();
+    let ready = Arc::new(Barrier::new(THREADS + 1));
+    let done = Arc::new(Barrier::new(THREADS + 1));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (ready, done) = (ready.clone(), done.clone());
+            std::thread::spawn(move || {
+                for size in [24, 1000, 4096, 40_000, 100_000] {
+                    let v = vec![t as u8; size];
+                    std::hint::black_box(&v);
+                }
+                ready.wait();
+                done.wait();
+            })
+        })
+        .collect();
+    ready.wait();
+    heap::reset_peak();
+    let before = heap::stats();
+    let headroom = limit - before.live_bytes;
+    let largest = largest_allocation(headroom);
+    // The figures stay exact through the recall.
+    let big: Vec<u8> = Vec::with_capacity(largest);
+    let during = heap::stats();
+    drop(big);
+    let after = heap::stats();
+    done.wait();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    drop((ready, done));
+    // Checked with the limit lifted: a failed assertion's backtrace allocates.
+    heap::set_limit(None).unwrap();
+    assert!(
+        largest * 10 >= headroom * 9,
+        "with {THREADS} idle threads the largest allocation is {largest} bytes of a \
+         headroom of {headroom} ({:.0}%)",
+        largest as f64 * 100.0 / headroom as f64
+    );
+    assert_eq!(during.live_bytes, before.live_bytes + largest);
+    assert!(during.reserved_bytes <= limit, "{during:?}");
+    assert!(during.peak_bytes <= limit, "{during:?}");
+    assert_eq!(after.live_bytes, before.live_bytes);
+    assert_eq!(
+        after.total_allocated_bytes - before.total_allocated_bytes,
+        after.total_freed_bytes - before.total_freed_bytes,
+        "every byte allocated since was freed"
+    );
+    let end = heap::stats();
+    assert_eq!(
+        end.live_bytes, start_live,
+        "live bytes back to the start value"
+    );
+    assert!(end.reserved_bytes >= end.live_bytes);
+}
+
 fn run_child(env: &[(&str, &str)], case: &str) -> std::process::Output {
     env.iter()
         .fold(Rerun::binary().env(CHILD, case), |child, (k, v)| {
@@ -369,7 +450,7 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 9] = [
+    let tests: [(&str, fn()); 10] = [
         (
             "vec_of_known_capacity_counts_exact_bytes",
             vec_of_known_capacity_counts_exact_bytes,
@@ -390,6 +471,10 @@ fn main() {
         (
             "limit_holds_under_four_threads",
             limit_holds_under_four_threads,
+        ),
+        (
+            "idle_threads_do_not_strand_the_headroom",
+            idle_threads_do_not_strand_the_headroom,
         ),
         ("env_limit_applies_at_start", env_limit_applies_at_start),
         (

@@ -1,6 +1,8 @@
 //! The two shared figures of this crate: exact byte [`Budget`]s (reserve before memory is
 //! obtained, release after it is given back) and [`Counter`]s (a value with its peak and
-//! running total), which both the pool's and the tracking allocator's statistics are made of.
+//! running total), which both the pool's and the tracking allocator's statistics are made of;
+//! and the tracking allocator's per-thread batching of a budget ([`Tally`], [`Ledger`],
+//! [`Reserves`]: module `tally`), kept here, free of `GlobalAlloc`, so that loom runs it.
 //!
 //! Invariant of a budget: it keeps `headroom = limit - reserved` in **one** atomic word, and a
 //! reservation succeeds only through a compare-and-swap that leaves the headroom `>= 0`. So
@@ -19,6 +21,10 @@
 //! during it, is read again once that change is done.
 
 use std::fmt;
+
+mod tally;
+
+pub use tally::{Counts, Ledger, Reserves, Tally};
 
 use crate::sync::{spin_loop, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 

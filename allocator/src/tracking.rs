@@ -2,16 +2,20 @@
 //! an exact heap limit without becoming a point of contention.
 //!
 //! Invariant: a byte is handed out only after it was *reserved* in the process-wide heap
-//! [`Budget`], whose single-word compare-and-swap never lets reservations pass the limit. To
-//! keep that CAS off the hot path each thread reserves budget in batches and spends it
-//! locally (a plain thread-local subtraction). Statistics are tallied per thread the same
-//! way and published to the shared counters in batches.
+//! [`Budget`](crate::counter::Budget), whose single-word compare-and-swap never lets
+//! reservations pass the limit. To keep that CAS off the hot path each thread reserves
+//! budget in batches: a small *cell* it spends with plain thread-local arithmetic, and a
+//! *reserve* in a fixed registry that a refused allocation recalls before it fails.
+//! Statistics are tallied per thread and published to the shared counters in batches. The
+//! per-thread protocol is [`crate::counter::Tally`] (modelled under loom); this module is
+//! its `GlobalAlloc` glue.
 //!
-//! The bounds this costs (stranded budget, statistics lag, peak precision) are documented
-//! on [`heap`], where users read them.
+//! The bounds this costs (budget out of a refused thread's reach, statistics lag, peak
+//! precision) are documented on [`heap`], where users read them.
 //!
 //! Nothing here allocates: the environment is read with `libc::getenv`, thread state is a
-//! `const` thread-local without destructor, and warnings go to `write(2)`.
+//! `const` thread-local without destructor, the reserves are a `static` array, and
+//! warnings go to `write(2)`.
 
 #![allow(unsafe_code)]
 
@@ -19,36 +23,28 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
-use crate::counter::{Budget, Counter};
+use crate::counter::{Ledger, Tally};
 use crate::error::{AllocError, ConfigError};
 use crate::limits::{parse_size_bytes, ENV_MAX_HEAP};
 
-/// Largest batch a thread reserves at once.
-const MAX_BATCH: usize = 1 << 20;
-/// Unpublished net bytes at which a thread publishes its live bytes at once.
-const FLUSH_NET: usize = 4 << 20;
-/// Unpublished net bytes at which a thread publishes its live bytes once
-/// [`FLUSH_NET_OPS`] operations have passed since it last did.
-const FLUSH_NET_SOON: usize = 256 << 10;
-/// See [`FLUSH_NET_SOON`]: a thread that allocates and frees large blocks in a loop
-/// publishes once per this many operations instead of at every one.
-const FLUSH_NET_OPS: u32 = 64;
-/// Operations after which a thread publishes its tally.
-const FLUSH_OPS: u32 = 4096;
+/// Threads that keep a reserve at once (the others reserve from the budget directly).
+const RESERVE_SLOTS: usize = 256;
 
-static HEAP: Budget = Budget::new(None);
-/// Live heap bytes, their peak, and the bytes ever allocated as the total (which the
-/// tallies publish in their own batches).
-static LIVE: Counter = Counter::new();
-static FREED: AtomicU64 = AtomicU64::new(0);
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-static DEALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-static REALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// The heap budget, the live counter, the reserves and the published counts.
+static LEDGER: Ledger<RESERVE_SLOTS> = Ledger::new(None);
 static FAILED: AtomicU64 = AtomicU64::new(0);
-static THREADS: AtomicUsize = AtomicUsize::new(0);
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The OOM hook as a `fn(Layout, &HeapStats)` address; 0 when none is set.
 static OOM_HOOK: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's cell, reserve slot and unpublished statistics. No destructor, so the
+    /// thread-local needs no lazy registration (which would allocate); a pthread key
+    /// destructor retires it instead (see `exit_hook`).
+    static TALLY: Tally = const { Tally::new() };
+    /// Whether this thread is inside the OOM hook.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Heap statistics of the process (semantics §1), as of the last flush of each thread.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -114,56 +110,123 @@ impl<A> Tracking<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !TALLY.with(|t| t.reserve(layout.size())) {
+        let size = layout.size();
+        if !TALLY.with(|t| t.try_take(size)) && !take_slow(size) {
             return refuse(layout);
         }
         // SAFETY: forwarded with the caller's layout, which the caller guarantees is valid.
         let ptr = unsafe { self.inner.alloc(layout) };
-        TALLY.with(|t| t.finish_alloc(ptr, layout.size()));
         if ptr.is_null() {
+            alloc_failed(size);
             return refuse(layout);
+        }
+        if !TALLY.with(|t| t.allocated(size)) {
+            settle();
         }
         ptr
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !TALLY.with(|t| t.reserve(layout.size())) {
+        let size = layout.size();
+        if !TALLY.with(|t| t.try_take(size)) && !take_slow(size) {
             return refuse(layout);
         }
         // SAFETY: forwarded with the caller's layout, which the caller guarantees is valid.
         let ptr = unsafe { self.inner.alloc_zeroed(layout) };
-        TALLY.with(|t| t.finish_alloc(ptr, layout.size()));
         if ptr.is_null() {
+            alloc_failed(size);
             return refuse(layout);
+        }
+        if !TALLY.with(|t| t.allocated(size)) {
+            settle();
         }
         ptr
     }
 
+    /// Counts the free first, so that the inner `dealloc` is the last call (a tail call):
+    /// the bytes go back to this thread's cell, which only this thread spends, and leave
+    /// it (in `settle`) only after the inner allocator has the memory back.
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
-        unsafe { self.inner.dealloc(ptr, layout) };
-        TALLY.with(|t| t.free(layout.size()));
+        if TALLY.with(|t| t.freed(layout.size())) {
+            // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
+            unsafe { self.inner.dealloc(ptr, layout) };
+        } else {
+            // SAFETY: as above.
+            unsafe { dealloc_then_settle(&self.inner, ptr, layout) };
+        }
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let old_size = layout.size();
         let growth = new_size.saturating_sub(old_size);
-        if growth > 0 && !TALLY.with(|t| t.reserve(growth)) {
+        if growth > 0 && !TALLY.with(|t| t.try_take(growth)) && !take_slow(growth) {
             // SAFETY: the caller guarantees the new layout is valid (size fits isize).
             return refuse(unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) });
         }
         // SAFETY: forwarded with the caller's arguments, which the caller guarantees valid.
         let new_ptr = unsafe { self.inner.realloc(ptr, layout, new_size) };
-        TALLY.with(|t| t.finish_realloc(new_ptr, old_size, new_size));
         if new_ptr.is_null() {
+            // The old block is untouched; give back only the growth taken for it.
+            alloc_failed(growth);
             // SAFETY: as above.
             return refuse(unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) });
         }
+        if !TALLY.with(|t| t.reallocated(old_size, new_size)) {
+            settle();
+        }
         new_ptr
     }
+}
+
+/// The cold half of a reservation: applies `NDMEM_MAX_HEAP` the first time, registers a new
+/// thread, and refills its cell (recalling the other threads' reserves if the budget
+/// refuses).
+#[cold]
+#[inline(never)]
+fn take_slow(size: usize) -> bool {
+    read_env_once();
+    TALLY.with(|t| t.take_slow(&LEDGER, size, register))
+}
+
+/// Registers the calling thread (its tally is already marked registered, so the
+/// allocation `pthread_setspecific` may make re-enters the allocator safely).
+fn register() {
+    ACTIVE.store(true, Ordering::Relaxed);
+    exit_hook::arm();
+}
+
+/// The cold end of a free: the memory goes back first, then the cell's excess (a separate
+/// function, so that the hot path's inner `dealloc` stays a tail call).
+///
+/// # Safety
+///
+/// As [`GlobalAlloc::dealloc`] on `inner`.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_then_settle<A: GlobalAlloc>(inner: &A, ptr: *mut u8, layout: Layout) {
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { inner.dealloc(ptr, layout) };
+    settle();
+}
+
+#[cold]
+#[inline(never)]
+fn alloc_failed(size: usize) {
+    TALLY.with(|t| t.alloc_failed(&LEDGER, size));
+}
+
+#[cold]
+#[inline(never)]
+fn settle() {
+    TALLY.with(|t| {
+        // A thread that frees before it ever allocates registers here, so that its frees
+        // are batched too and published when it exits.
+        t.register(&LEDGER, register);
+        t.settle(&LEDGER);
+    });
 }
 
 /// Counts a refused allocation, calls the OOM hook, and returns null.
@@ -171,7 +234,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
 fn refuse(layout: Layout) -> *mut u8 {
     FAILED.fetch_add(1, Ordering::Relaxed);
     let hook = OOM_HOOK.load(Ordering::Acquire);
-    if hook != 0 && !TALLY.with(|t| t.in_hook.replace(true)) {
+    if hook != 0 && !IN_HOOK.with(|h| h.replace(true)) {
         // SAFETY: OOM_HOOK only ever holds 0 or an address stored by `set_oom_hook` from a
         // `fn(Layout, &HeapStats)`, which lives for the whole program.
         let hook: fn(Layout, &HeapStats) = unsafe { std::mem::transmute(hook) };
@@ -180,7 +243,7 @@ fn refuse(layout: Layout) -> *mut u8 {
         let guard = AbortOnUnwind;
         hook(layout, &heap::stats());
         std::mem::forget(guard);
-        TALLY.with(|t| t.in_hook.set(false));
+        IN_HOOK.with(|h| h.set(false));
     }
     std::ptr::null_mut()
 }
@@ -193,242 +256,6 @@ impl Drop for AbortOnUnwind {
     fn drop(&mut self) {
         warn(&[b"ndmem: the heap OOM hook panicked inside the global allocator; aborting\n"]);
         std::process::abort();
-    }
-}
-
-const NEW: u8 = 0;
-const REGISTERED: u8 = 1;
-const EXITED: u8 = 2;
-
-/// One thread's unspent budget and unflushed statistics. No destructor, so the
-/// thread-local needs no lazy registration (which would allocate).
-///
-/// The hot paths test no `state`: a thread that is not yet registered, or has exited, is
-/// sent to the cold paths by its figures alone. Its `budget` and `keep` are 0 (so `reserve`
-/// refills and `give_back` releases), and its `ops` is at least `FLUSH_OPS` (so `count`
-/// publishes).
-struct Tally {
-    budget: Cell<usize>,
-    keep: Cell<usize>,
-    /// Bytes allocated minus bytes freed since the live figure was last published.
-    net: Cell<isize>,
-    /// The highest `net` since then: the thread's own high-water mark, published to the
-    /// peak with the live bytes, so that no excursion between publications is lost.
-    high: Cell<isize>,
-    /// `ops` when the live figure was last published.
-    live_ops: Cell<u32>,
-    allocated: Cell<u64>,
-    freed: Cell<u64>,
-    allocations: Cell<u32>,
-    deallocations: Cell<u32>,
-    reallocations: Cell<u32>,
-    ops: Cell<u32>,
-    state: Cell<u8>,
-    in_hook: Cell<bool>,
-}
-
-thread_local! {
-    static TALLY: Tally = const {
-        Tally {
-            budget: Cell::new(0),
-            keep: Cell::new(0),
-            net: Cell::new(0),
-            high: Cell::new(0),
-            live_ops: Cell::new(0),
-            allocated: Cell::new(0),
-            freed: Cell::new(0),
-            allocations: Cell::new(0),
-            deallocations: Cell::new(0),
-            reallocations: Cell::new(0),
-            ops: Cell::new(FLUSH_OPS),
-            state: Cell::new(NEW),
-            in_hook: Cell::new(false),
-        }
-    };
-}
-
-impl Tally {
-    /// Takes `size` bytes of budget: locally if the thread holds enough, else from the heap.
-    #[inline]
-    fn reserve(&self, size: usize) -> bool {
-        let budget = self.budget.get();
-        if budget >= size {
-            self.budget.set(budget - size);
-            return true;
-        }
-        self.refill(size)
-    }
-
-    #[cold]
-    fn refill(&self, size: usize) -> bool {
-        read_env_once();
-        match self.state.get() {
-            EXITED => return HEAP.try_reserve(size).is_ok(),
-            NEW => self.register(),
-            _ => {}
-        }
-        let budget = self.budget.get();
-        if budget >= size {
-            // Registering re-entered the allocator, which refilled the budget already.
-            self.budget.set(budget - size);
-            return true;
-        }
-        let need = size - budget;
-        let threads = THREADS.load(Ordering::Relaxed).max(1);
-        let extra = (HEAP.available() / (4 * threads)).min(MAX_BATCH);
-        let granted = if extra > 0 && HEAP.try_reserve(need + extra).is_ok() {
-            extra
-        } else if HEAP.try_reserve(need).is_ok() {
-            0
-        } else {
-            return false;
-        };
-        self.budget.set(granted);
-        self.keep.set(granted);
-        true
-    }
-
-    fn register(&self) {
-        // State first: registering may allocate (pthread_setspecific), which re-enters here.
-        self.state.set(REGISTERED);
-        ACTIVE.store(true, Ordering::Relaxed);
-        THREADS.fetch_add(1, Ordering::Relaxed);
-        exit_hook::arm();
-    }
-
-    /// Gives back `size` bytes of budget, returning to the heap what exceeds twice `keep`.
-    ///
-    /// Invariant kept here: a thread's unflushed frees never exceed its unspent budget
-    /// (`-net <= budget`), so the published live figure never exceeds the reserved total,
-    /// and hence never the limit. Budget leaves the thread only after its net bytes are
-    /// published, which is why callers count a free *before* giving its budget back.
-    #[inline]
-    fn give_back(&self, size: usize) {
-        let keep = self.keep.get();
-        let budget = self.budget.get() + size;
-        self.budget.set(budget);
-        if budget > 2 * keep {
-            self.release_excess(keep);
-        }
-    }
-
-    #[cold]
-    fn release_excess(&self, keep: usize) {
-        self.flush_live();
-        let budget = self.budget.get();
-        HEAP.release(budget - keep.min(budget));
-        self.budget.set(keep.min(budget));
-    }
-
-    #[inline]
-    fn finish_alloc(&self, ptr: *mut u8, size: usize) {
-        if ptr.is_null() {
-            self.give_back(size);
-            return;
-        }
-        self.allocations.set(self.allocations.get() + 1);
-        self.allocated.set(self.allocated.get() + size as u64);
-        self.count(size as isize);
-    }
-
-    #[inline]
-    fn free(&self, size: usize) {
-        self.deallocations.set(self.deallocations.get() + 1);
-        self.freed.set(self.freed.get() + size as u64);
-        self.count(-(size as isize));
-        self.give_back(size);
-    }
-
-    #[inline]
-    fn finish_realloc(&self, ptr: *mut u8, old_size: usize, new_size: usize) {
-        if ptr.is_null() {
-            // The old block is untouched; give back only the growth reserved for it.
-            self.give_back(new_size.saturating_sub(old_size));
-            return;
-        }
-        self.reallocations.set(self.reallocations.get() + 1);
-        self.allocated.set(self.allocated.get() + new_size as u64);
-        self.freed.set(self.freed.get() + old_size as u64);
-        self.count(new_size as isize - old_size as isize);
-        self.give_back(old_size.saturating_sub(new_size));
-    }
-
-    #[inline]
-    fn count(&self, delta: isize) {
-        let net = self.net.get() + delta;
-        self.net.set(net);
-        if net > self.high.get() {
-            self.high.set(net);
-        }
-        let ops = self.ops.get() + 1;
-        self.ops.set(ops);
-        if net.unsigned_abs() >= FLUSH_NET_SOON || ops >= FLUSH_OPS {
-            self.publish();
-        }
-    }
-
-    #[cold]
-    fn publish(&self) {
-        if self.state.get() == NEW {
-            // A thread that frees before it ever needs budget must still be flushed at exit.
-            self.register();
-        }
-        let ops = self.ops.get();
-        if ops >= FLUSH_OPS || self.state.get() != REGISTERED {
-            self.flush();
-        } else if self.net.get().unsigned_abs() >= FLUSH_NET
-            || ops.wrapping_sub(self.live_ops.get()) >= FLUSH_NET_OPS
-        {
-            // Only the net bytes passed their bound: publish the live figure alone (one
-            // shared read-modify-write instead of seven). Between FLUSH_NET_SOON and
-            // FLUSH_NET it waits FLUSH_NET_OPS operations, so that a thread allocating and
-            // freeing 1 MiB blocks in a loop does not write the shared line at every one.
-            self.flush_live();
-        }
-    }
-
-    /// Publishes this thread's net bytes to the live figure, and its high-water mark since
-    /// the last publication to the peak.
-    ///
-    /// The peak becomes the live figure when this thread's net bytes were highest, the
-    /// other threads' published figures taken as they are now (exact when no other thread
-    /// publishes); see [`Counter::publish`], which writes the peak only when it rises.
-    #[inline]
-    fn flush_live(&self) {
-        let net = self.net.replace(0);
-        let high = self.high.replace(0);
-        self.live_ops.set(self.ops.get());
-        LIVE.publish(net, high);
-    }
-
-    /// Publishes this thread's whole tally to the process-wide counters.
-    fn flush(&self) {
-        self.flush_live();
-        LIVE.add_total(self.allocated.replace(0));
-        FREED.fetch_add(self.freed.replace(0), Ordering::Relaxed);
-        ALLOCATIONS.fetch_add(u64::from(self.allocations.replace(0)), Ordering::Relaxed);
-        DEALLOCATIONS.fetch_add(u64::from(self.deallocations.replace(0)), Ordering::Relaxed);
-        REALLOCATIONS.fetch_add(u64::from(self.reallocations.replace(0)), Ordering::Relaxed);
-        // Unregistered and exited threads publish at every operation.
-        let registered = self.state.get() == REGISTERED;
-        self.ops.set(if registered { 0 } else { FLUSH_OPS });
-        self.live_ops.set(self.ops.get());
-    }
-
-    /// Returns all unspent budget to the heap (after publishing the tally it covers).
-    fn return_budget(&self) {
-        self.flush();
-        HEAP.release(self.budget.replace(0));
-    }
-
-    /// The thread is exiting: publish everything and stop batching.
-    fn retire(&self) {
-        self.return_budget();
-        self.keep.set(0);
-        if self.state.replace(EXITED) == REGISTERED {
-            THREADS.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.ops.set(FLUSH_OPS);
     }
 }
 
@@ -480,7 +307,7 @@ mod exit_hook {
 
     extern "C" fn on_exit(_: *mut libc::c_void) {
         // The tally is a const thread-local without destructor: still usable here.
-        super::TALLY.with(|t| t.retire());
+        super::TALLY.with(|t| t.retire(&super::LEDGER));
     }
 }
 
@@ -550,7 +377,7 @@ fn apply_env_limit(value: Option<&[u8]>) {
     match parse_size_bytes(value) {
         Ok(0) => {}
         Ok(limit) => {
-            if HEAP.set_limit(Some(limit)).is_err() {
+            if LEDGER.budget().set_limit(Some(limit)).is_err() {
                 warn(&[
                     b"ndmem: NDMEM_MAX_HEAP=",
                     value,
@@ -581,17 +408,25 @@ fn warn(parts: &[&[u8]]) {
 /// # Bounds
 ///
 /// Per thread, the price of speed:
-/// - *stranded budget*: a thread keeps at most `2 x keep` unspent bytes, where `keep` is
-///   chosen at each refill as `min(1 MiB, remaining / (4 x threads))`; as the remaining budget
-///   falls, batches shrink to exact reservations and frees return budget at once. A thread's
-///   budget is returned when it exits (a pthread key destructor). An allocation can fail
-///   while other threads strand budget, never succeed past the limit.
-/// - *statistics lag*: a thread publishes its live bytes at once when its unpublished net
-///   bytes reach 4 MiB, within 64 of its own operations once they reach 256 KiB, and all
-///   its figures after 4096 operations and whenever it returns budget. So the live figure
-///   can lag by less than 4 MiB per other thread (less than 256 KiB per thread that has
-///   done 64 operations since its net bytes passed that), and the counts (allocations,
-///   bytes allocated and freed) by 4096 operations per other thread. Each thread also
+/// - *budget held by threads*: each thread holds a *cell* it spends without atomics and a
+///   *reserve* it refills the cell from. The cell is refilled to a target of
+///   `min(64 KiB, headroom / (256 x threads))` and gives back what passes twice that, so it
+///   holds at most `2 x target` as of the thread's last refill: at most 128 KiB a thread,
+///   and together at most 1/128 of the headroom when the threads last refilled at the
+///   same headroom. The reserve holds up to twice a batch of
+///   `min(1 MiB, headroom / (4 x threads))`; the first 256 threads alive at once have one.
+///   An allocation the budget refuses first *recalls* every thread's reserve, so it fails
+///   only if the bytes are live or in other threads' cells. A thread's cell and reserve go
+///   back when it exits (a pthread key destructor). No allocation is ever served past the
+///   limit.
+/// - *statistics lag*: a thread checks its unpublished net bytes whenever its cell runs
+///   dry or overflows (so before they move by more than its cell, 128 KiB at most) and
+///   publishes its live bytes when they reach 4 MiB, or 256 KiB once 64 of its own
+///   operations passed since it last did; it publishes all its figures after 4096
+///   allocations, 4096 frees or 4096 reallocations, and whenever it returns budget. So the
+///   live figure can lag by less than 4 MiB + 128 KiB per other thread, and the counts
+///   (allocations, bytes allocated and freed) by 4096 operations of each kind per other
+///   thread. Each thread also
 ///   keeps the high-water mark of its unpublished net bytes and publishes it to the peak
 ///   with its live bytes, so no excursion between publications is lost: the peak is the
 ///   highest live figure, each thread's own excursions added to the others' figures as
@@ -615,19 +450,20 @@ pub mod heap {
     /// The limit of `NDMEM_MAX_HEAP` is reported even before the first allocation.
     pub fn stats() -> HeapStats {
         read_env_once_outside_allocator();
-        TALLY.with(|t| t.flush());
-        let live = LIVE.read();
+        TALLY.with(|t| t.flush(&LEDGER));
+        let live = LEDGER.live().read();
+        let counts = LEDGER.counts();
         HeapStats {
             live_bytes: live.value,
             peak_bytes: live.peak,
             total_allocated_bytes: live.total,
-            total_freed_bytes: FREED.load(Ordering::Relaxed),
-            allocations: ALLOCATIONS.load(Ordering::Relaxed),
-            deallocations: DEALLOCATIONS.load(Ordering::Relaxed),
-            reallocations: REALLOCATIONS.load(Ordering::Relaxed),
+            total_freed_bytes: counts.freed_bytes,
+            allocations: counts.allocations,
+            deallocations: counts.deallocations,
+            reallocations: counts.reallocations,
             failed_allocations: FAILED.load(Ordering::Relaxed),
-            limit: HEAP.limit(),
-            reserved_bytes: HEAP.used(),
+            limit: LEDGER.budget().limit(),
+            reserved_bytes: LEDGER.budget().used(),
         }
     }
 
@@ -638,8 +474,8 @@ pub mod heap {
 
     /// Restarts the peak from the current live bytes.
     pub fn reset_peak() {
-        TALLY.with(|t| t.flush());
-        LIVE.reset_peak();
+        TALLY.with(|t| t.flush(&LEDGER));
+        LEDGER.live().reset_peak();
     }
 
     /// Sets (`Some`) or removes (`None`) the heap limit at run time; `NDMEM_MAX_HEAP` sets
@@ -648,8 +484,12 @@ pub mod heap {
     /// and changes nothing.
     pub fn set_limit(limit: Option<usize>) -> Result<(), AllocError> {
         read_env_once_outside_allocator();
-        TALLY.with(|t| t.return_budget());
-        HEAP.set_limit(limit.filter(|l| *l > 0))
+        // Budget that threads hold in reserve would make a lower limit look taken.
+        TALLY.with(|t| t.return_budget(&LEDGER));
+        LEDGER.reserves().recall(LEDGER.budget());
+        LEDGER
+            .budget()
+            .set_limit(limit.filter(|l| *l > 0))
             .map_err(|e| AllocError::LimitBelowUse {
                 what: "the heap limit",
                 limit: e.limit,
