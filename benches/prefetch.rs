@@ -61,6 +61,27 @@ fn consume(batch: &Tensor, iterations: u64) -> ndmem::Result<u64> {
     Ok(work(u64::from(sum.to_bits()), iterations))
 }
 
+/// What two threads get done beside each other, against one thread doing both shares: the
+/// ceiling of any overlap on this machine right now (2.0 with two free cores).
+fn parallel_ceiling(iterations: u64, count: u64) -> f64 {
+    let start = Instant::now();
+    for i in 0..2 * count {
+        work(i, iterations);
+    }
+    let one = start.elapsed();
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            s.spawn(move || {
+                for i in 0..count {
+                    work(i + t, iterations);
+                }
+            });
+        }
+    });
+    one.as_secs_f64() / start.elapsed().as_secs_f64()
+}
+
 /// Batches per second through `batches`.
 fn rate(batches: Prefetch<Tensor>, count: u64, iterations: u64) -> f64 {
     let start = Instant::now();
@@ -131,6 +152,10 @@ fn main() {
     println!("  shield (no prefetch): {without:>8.0} batches/s");
     println!("  prefetch:             {with:>8.0} batches/s");
     println!("  speed-up:             {:>8.2}x", with / without);
+    println!(
+        "  two plain threads:    {:>8.2}x (the ceiling here now: 2.00 with two free cores)",
+        parallel_ceiling(iterations, count / 4)
+    );
     println!(
         "  load average {load_before} before, {} after, on {} cores",
         load(),
