@@ -6,6 +6,9 @@
 
 #![allow(unsafe_code)]
 
+#[path = "workspaces/files.rs"]
+mod files;
+
 use std::alloc::Layout;
 use std::ptr::NonNull;
 

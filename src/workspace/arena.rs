@@ -197,7 +197,7 @@ impl Arena {
     /// an old ring alive while they need it.
     fn build_ring(&self, shape: RingShape) -> Result<(), Error> {
         let fresh = self.allocate_buffer(shape.buffer)?;
-        self.install(fresh.into_ring(shape.slots));
+        self.install(fresh.into_ring(shape.slots)?);
         self.ring.reset(shape);
         self.cycles.start.set(0);
         Ok(())

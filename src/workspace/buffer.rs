@@ -18,12 +18,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use memmap2::{MmapMut, MmapOptions};
-use ndmem_alloc::{page_size, AllocError, Block, Reservation, Usage};
+use ndmem_alloc::{page_size, AllocError, Block, MemoryKind, Reservation, Usage};
 
 use super::config::LocationPolicy;
 use super::slots::SlotCounts;
 use crate::error::Error;
 use crate::memory::MemorySource;
+
+/// `errno` for a heap that cannot hold a ring's bookkeeping.
+const ENOMEM: i32 = 12;
 
 /// Memory a workspace owns: its buffer, or (circular workspaces) one spill.
 pub(crate) struct Buffer {
@@ -78,10 +81,15 @@ impl Buffer {
         }
     }
 
-    /// The buffer as a ring of `slots` slots, none referenced.
-    pub(crate) fn into_ring(mut self, slots: usize) -> Buffer {
-        self.slots = SlotCounts::new(slots);
-        self
+    /// The buffer as a ring of `slots` slots, none referenced; an error if the heap cannot
+    /// hold the slots' counts.
+    pub(crate) fn into_ring(mut self, slots: usize) -> Result<Buffer, Error> {
+        self.slots = SlotCounts::try_new(slots).ok_or(AllocError::Os {
+            kind: MemoryKind::Host,
+            requested: slots.saturating_mul(std::mem::size_of::<usize>()),
+            errno: ENOMEM,
+        })?;
+        Ok(self)
     }
 
     /// The first byte.

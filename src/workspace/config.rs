@@ -5,7 +5,7 @@
 //! (or is the default), so the arena never sees an invalid combination: sizes are ordered,
 //! `overallocation_limit` is finite and non-negative, `alignment` is a power of two up to
 //! 4096, mmap workspaces can be sized, and circular workspaces have a ring of at least
-//! two slots when they overallocate.
+//! two slots when they overallocate, and at most [`MAX_RING_SLOTS`].
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -20,6 +20,12 @@ pub const ENV_WORKSPACES: &str = "NDMEM_WORKSPACES";
 
 /// The largest workspace alignment (one page).
 pub const MAX_ALIGNMENT: usize = 4096;
+
+/// The most slots a circular workspace's ring has (semantics §2.1, §2.4): a configuration
+/// asking for more is refused when it is built, and a ring that `min_size` would cut into
+/// more keeps this many (the rest of its buffer unused). The ring's per-slot bookkeeping is
+/// allocated fallibly, but a bound keeps it small.
+pub const MAX_RING_SLOTS: usize = 1024;
 
 /// How a learned or initial buffer size is turned into the buffer that is allocated.
 ///
@@ -333,6 +339,20 @@ impl WorkspaceConfig {
                     "overallocation_limit {} with policy_reset EndOfBuffer and policy_allocation \
                      Overallocate gives a ring of fewer than 2 slots; use a limit >= 1.0 \
                      (slots = floor(1 + limit)) or AllocationPolicy::Strict",
+                    self.overallocation_limit
+                ),
+            );
+        }
+        if self.is_circular()
+            && self.policy_allocation == AllocationPolicy::Overallocate
+            && 1.0 + self.overallocation_limit >= (MAX_RING_SLOTS + 1) as f64
+        {
+            return invalid(
+                "overallocation_limit",
+                format!(
+                    "overallocation_limit {} with policy_reset EndOfBuffer gives a ring of \
+                     floor(1 + limit) slots, more than the {MAX_RING_SLOTS} allowed; use a \
+                     limit below {MAX_RING_SLOTS}",
                     self.overallocation_limit
                 ),
             );

@@ -44,7 +44,7 @@ mod stats;
 
 pub use config::{
     AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy, SpillPolicy,
-    WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
+    WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT, MAX_RING_SLOTS,
 };
 pub use manager::{
     allocate_in, allocate_in_current, allocate_in_parent, parent_of_current, workspaces, ScopeOut,
