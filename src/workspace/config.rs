@@ -93,16 +93,24 @@ pub enum LocationPolicy {
     /// A block of the native pool. ND4J: `LocationPolicy.RAM`.
     #[default]
     Ram,
-    /// A memory-mapped file: a temporary file in [`std::env::temp_dir`] removed when the
-    /// buffer is freed (`path: None`), or the given file, created if needed, grown if
-    /// smaller than the buffer and kept afterwards. ND4J: `LocationPolicy.MMAP`.
+    /// A memory-mapped file: a temporary file without a name (created in
+    /// [`std::env::temp_dir`] and unlinked at once, freed by the system with its last
+    /// mapping) for `path: None`, or the given file, created if needed, grown if smaller
+    /// than the buffer and kept afterwards. ND4J: `LocationPolicy.MMAP`.
     ///
     /// The buffer is `initial_size` (x the overallocation factor) rounded up to whole pages;
     /// its bytes count against the pool's `max_bytes` like a pool block. Within a process a
-    /// file is mapped by one workspace at a time (a second one is refused); writing to the
-    /// file from another process while it is mapped is not supported. Without an
-    /// `initial_size` (which needs `LearningPolicy::None`) there is no file and every
-    /// allocation spills to the pool.
+    /// file (its device and inode, whatever name reaches it: a hard link is the same file)
+    /// is mapped by one workspace at a time, and stays claimed for as long as any tensor or
+    /// view can reach its bytes, even after its workspace is destroyed; another workspace
+    /// asking for it gets [`Error::WorkspaceFile`]. Without an `initial_size` (which needs
+    /// `LearningPolicy::None`) there is no file and every allocation spills to the pool.
+    ///
+    /// **The one way out of the safe API:** the mapping is shared with the file, so
+    /// changing the file by other means while it is mapped (truncating it, with `std::fs`
+    /// or otherwise, or writing it from another process) changes or removes memory that
+    /// tensors are reading: a truncated file kills the process with `SIGBUS`. As with
+    /// `memmap2`, this crate cannot prevent it; don't touch a mapped user file.
     Mmap {
         /// The file to map, or `None` for a temporary file.
         path: Option<PathBuf>,

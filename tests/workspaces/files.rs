@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use ndmem::workspace::MAX_RING_SLOTS;
 use ndmem::{
-    workspaces, AllocationPolicy, Error, LearningPolicy, LocationPolicy, ResetPolicy,
-    SpillPolicy, Tensor, WorkspaceConfig,
+    workspaces, AllocationPolicy, Error, LearningPolicy, LocationPolicy, ResetPolicy, SpillPolicy,
+    Tensor, WorkspaceConfig,
 };
 
 /// A path in the temporary directory, unique to this process and `name`, removed first.
@@ -145,7 +145,10 @@ fn a_ring_of_millions_of_slots_is_refused_when_built() {
     match result {
         Err(Error::Config(e)) => {
             let e = e.to_string();
-            assert!(e.contains("overallocation_limit") && e.contains("16000000"), "{e}");
+            assert!(
+                e.contains("overallocation_limit") && e.contains("16000000"),
+                "{e}"
+            );
         }
         other => panic!("expected a configuration error, got {other:?}"),
     }
