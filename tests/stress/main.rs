@@ -14,6 +14,7 @@ use ndmem::alloc::Tracking;
 mod common;
 
 mod at_the_heap_limit;
+mod threads;
 
 #[global_allocator]
 static GLOBAL: Tracking<std::alloc::System> = Tracking::new(std::alloc::System);
