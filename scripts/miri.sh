@@ -13,8 +13,9 @@
 #   paths for `sysconf(_SC_PHYS_PAGES)` and procfs, see allocator/src/physical.rs);
 # - mapped files (`mmap` of a file is not supported by Miri) and tests that run a child
 #   process;
-# - long loops: the size-class sweep and the 4-thread counter hammering (covered natively
-#   and by the loom models).
+# - long loops: the size-class sweeps, zero-checking blocks of up to 512 KiB byte by byte,
+#   and the 4-thread counter hammering (each minutes under Miri; covered natively, under
+#   memcheck and by the loom models).
 # Extra arguments replace the default selection and go to `cargo miri test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ if [ $# -gt 0 ]; then
 fi
 cargo +nightly miri test -p ndmem-alloc --lib -- \
     --skip concurrent_ --skip an_impossible_request --skip classes_round_up \
-    --skip rss_grows
+    --skip rounded_requests_land --skip blocks_from_both_sources --skip rss_grows
 # The integration tests' process-wide state outlives them, and Miri's leak check has no
 # narrow suppression: pools made by `MemorySource::new` are leaked on purpose (a source is
 # `'static`), with the blocks they cache and the reclaimers registered with them, and

@@ -13,7 +13,7 @@
 //! at its limit (semantics §1, §6). A deferred block is freed to its own pool.
 //!
 //! Freeing never aborts for want of heap: deferring allocates (crossbeam boxes the closure
-//! and queues bags), so [`defer_free`] first checks, fallibly, that the heap has room for
+//! and queues bags), so `defer_free` first checks, fallibly, that the heap has room for
 //! it ([`HEAP_ROOM`]); if not, the block waits in a fixed reserve set aside in static
 //! memory ([`PARKED_CAPACITY`] blocks, no heap), to be deferred by a later free or
 //! [`collect`] that finds room. Deferring a block later than it was freed is always
