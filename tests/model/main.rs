@@ -242,7 +242,7 @@ impl Model {
                     LearningPolicy::None => false,
                 };
             if learns {
-                grow(&mut self.size, s.clamp(self.max_cycle));
+                grow(&mut self.size, s.clamp(s.scaled(self.max_cycle)));
             }
         } else if self.spilled > 0 && s.spill == SpillPolicy::Reallocate {
             grow(&mut self.size, s.clamp(self.max_cycle));
@@ -554,4 +554,20 @@ fn a_cycle_of_tensors_is_learned_and_the_next_one_fits() {
         Op::Detach { pick: 1 },
     ];
     run(&learned_strict(), &ops).unwrap();
+}
+
+#[test]
+fn a_spill_in_a_nested_cycle_is_learned_overallocated() {
+    let s = Settings {
+        limit: Some(0.3),
+        ..learned_strict()
+    };
+    let ops = [
+        Op::Enter,
+        Op::Enter,
+        Op::Leave,
+        Op::Alloc { size: 49, align: 1 },
+        Op::Leave,
+    ];
+    run(&s, &ops).unwrap();
 }
