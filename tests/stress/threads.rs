@@ -14,7 +14,7 @@ use ndmem::{
 /// Iterations per thread.
 const ITERATIONS: usize = 1500;
 /// Each thread's pool limit.
-const LIMIT: usize = 2 << 20;
+const LIMIT: usize = 1 << 20;
 /// Most elements (f32) of one tensor: 64 KiB.
 const MAX_LEN: usize = 16 << 10;
 
