@@ -18,7 +18,9 @@ runner="valgrind --error-exitcode=1 --quiet --leak-check=full"
 runner+=" --show-leak-kinds=definite --errors-for-leak-kinds=definite"
 runner+=" --trace-children=yes --suppressions=$PWD/scripts/valgrind.supp"
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$runner"
-# Limit tests bound their loops by time, so they finish under valgrind too.
+# Limit tests bound their loops by time, so they finish under valgrind too; the stress test
+# is bounded by iterations, fewer here.
+export NDMEM_STRESS_ITERATIONS="${NDMEM_STRESS_ITERATIONS:-250}"
 if [ $# -gt 0 ]; then
     cargo test "$@"
 else

@@ -11,8 +11,14 @@ use ndmem::{
     reclaim, workspaces, Error, MemorySource, ResetPolicy, Scope, Tensor, WorkspaceConfig,
 };
 
-/// Iterations per thread.
-const ITERATIONS: usize = 1500;
+/// Iterations per thread; `NDMEM_STRESS_ITERATIONS` overrides it (scripts/valgrind.sh runs
+/// fewer under memcheck).
+fn iterations() -> usize {
+    std::env::var("NDMEM_STRESS_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1500)
+}
 /// Each thread's pool limit.
 const LIMIT: usize = 1 << 20;
 /// Most elements (f32) of one tensor: 64 KiB.
@@ -104,7 +110,7 @@ fn worker(thread: usize) -> MemorySource {
         .build()
         .unwrap();
     let mut kept: Vec<Kept> = Vec::new();
-    for iteration in 0..ITERATIONS {
+    for iteration in 0..iterations() {
         match rng.below(6) {
             // Allocate a tensor owned by its handle.
             0 | 1 => {
