@@ -12,7 +12,7 @@
 # - tests of the OS: an impossible mmap request, the RSS (procfs) (the code has `cfg(miri)`
 #   paths for `sysconf(_SC_PHYS_PAGES)` and procfs, see allocator/src/physical.rs);
 # - mapped files (`mmap` of a file is not supported by Miri) and tests that run a child
-#   process;
+#   process (tensors' reclaim module);
 # - long loops: the size-class sweeps, zero-checking blocks of up to 512 KiB byte by byte,
 #   and the 4-thread counter hammering (each minutes under Miri; covered natively, under
 #   memcheck and by the loom models).
@@ -39,3 +39,10 @@ cargo +nightly miri test -p ndmem-alloc --lib -- \
 cargo +nightly miri test -p ndmem --lib
 MIRIFLAGS="$MIRIFLAGS -Zmiri-ignore-leaks" cargo +nightly miri test -p ndmem --test workspaces -- \
     --skip mmap --skip files:: --skip hashbrown
+# Tensor storage, views and scopes: the single-threaded cases (the racing ones take minutes
+# each under Miri; transcendental ops differ by Miri's deliberate float imprecision).
+MIRIFLAGS="$MIRIFLAGS -Zmiri-ignore-leaks" cargo +nightly miri test -p ndmem --test tensors -- \
+    scopes::a_view scopes::attach_and_detach scopes::cap_trips scopes::closed_scopes \
+    scopes::closing_a_parent scopes::detach_from_a_workspace scopes::in_place_updates \
+    scopes::outputs_belong scopes::ret_moves ops::views_reshape ops::in_place_updates \
+    ops::matmul_matches
