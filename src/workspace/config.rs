@@ -5,7 +5,7 @@
 //! (or is the default), so the arena never sees an invalid combination: sizes are ordered,
 //! `overallocation_limit` is finite and non-negative, `alignment` is a power of two up to
 //! 4096, mmap workspaces can be sized, and circular workspaces have a ring of at least
-//! two slots when they overallocate.
+//! two slots when they overallocate, and at most [`MAX_RING_SLOTS`].
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -20,6 +20,12 @@ pub const ENV_WORKSPACES: &str = "NDMEM_WORKSPACES";
 
 /// The largest workspace alignment (one page).
 pub const MAX_ALIGNMENT: usize = 4096;
+
+/// The most slots a circular workspace's ring has (semantics §2.1, §2.4): a configuration
+/// asking for more is refused when it is built, and a ring that `min_size` would cut into
+/// more keeps this many (the rest of its buffer unused). The ring's per-slot bookkeeping is
+/// allocated fallibly, but a bound keeps it small.
+pub const MAX_RING_SLOTS: usize = 1024;
 
 /// How a learned or initial buffer size is turned into the buffer that is allocated.
 ///
@@ -87,16 +93,24 @@ pub enum LocationPolicy {
     /// A block of the native pool. ND4J: `LocationPolicy.RAM`.
     #[default]
     Ram,
-    /// A memory-mapped file: a temporary file in [`std::env::temp_dir`] removed when the
-    /// buffer is freed (`path: None`), or the given file, created if needed, grown if
-    /// smaller than the buffer and kept afterwards. ND4J: `LocationPolicy.MMAP`.
+    /// A memory-mapped file: a temporary file without a name (created in
+    /// [`std::env::temp_dir`] and unlinked at once, freed by the system with its last
+    /// mapping) for `path: None`, or the given file, created if needed, grown if smaller
+    /// than the buffer and kept afterwards. ND4J: `LocationPolicy.MMAP`.
     ///
     /// The buffer is `initial_size` (x the overallocation factor) rounded up to whole pages;
     /// its bytes count against the pool's `max_bytes` like a pool block. Within a process a
-    /// file is mapped by one workspace at a time (a second one is refused); writing to the
-    /// file from another process while it is mapped is not supported. Without an
-    /// `initial_size` (which needs `LearningPolicy::None`) there is no file and every
-    /// allocation spills to the pool.
+    /// file (its device and inode, whatever name reaches it: a hard link is the same file)
+    /// is mapped by one workspace at a time, and stays claimed for as long as any tensor or
+    /// view can reach its bytes, even after its workspace is destroyed; another workspace
+    /// asking for it gets [`Error::WorkspaceFile`]. Without an `initial_size` (which needs
+    /// `LearningPolicy::None`) there is no file and every allocation spills to the pool.
+    ///
+    /// **The one way out of the safe API:** the mapping is shared with the file, so
+    /// changing the file by other means while it is mapped (truncating it, with `std::fs`
+    /// or otherwise, or writing it from another process) changes or removes memory that
+    /// tensors are reading: a truncated file kills the process with `SIGBUS`. As with
+    /// `memmap2`, this crate cannot prevent it; don't touch a mapped user file.
     Mmap {
         /// The file to map, or `None` for a temporary file.
         path: Option<PathBuf>,
@@ -333,6 +347,20 @@ impl WorkspaceConfig {
                     "overallocation_limit {} with policy_reset EndOfBuffer and policy_allocation \
                      Overallocate gives a ring of fewer than 2 slots; use a limit >= 1.0 \
                      (slots = floor(1 + limit)) or AllocationPolicy::Strict",
+                    self.overallocation_limit
+                ),
+            );
+        }
+        if self.is_circular()
+            && self.policy_allocation == AllocationPolicy::Overallocate
+            && 1.0 + self.overallocation_limit >= (MAX_RING_SLOTS + 1) as f64
+        {
+            return invalid(
+                "overallocation_limit",
+                format!(
+                    "overallocation_limit {} with policy_reset EndOfBuffer gives a ring of \
+                     floor(1 + limit) slots, more than the {MAX_RING_SLOTS} allowed; use a \
+                     limit below {MAX_RING_SLOTS}",
                     self.overallocation_limit
                 ),
             );

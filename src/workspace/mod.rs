@@ -44,7 +44,7 @@ mod stats;
 
 pub use config::{
     AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy, SpillPolicy,
-    WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
+    WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT, MAX_RING_SLOTS,
 };
 pub(crate) use manager::parent_of_current_is;
 pub use manager::{
