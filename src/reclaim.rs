@@ -13,8 +13,8 @@
 //! at its limit (semantics §1, §6). A deferred block is freed to its own pool.
 //!
 //! Freeing never aborts for want of heap: deferring allocates (crossbeam boxes the closure
-//! and queues bags), so `defer_free` first checks, fallibly, that the heap has room for
-//! it ([`HEAP_ROOM`]); if not, the block waits in a fixed reserve set aside in static
+//! and queues bags), so `defer_free` first asks the heap's budget whether it has room for
+//! it ([`HEAP_ROOM`], a few atomic loads, no allocation); if not, the block waits in a fixed reserve set aside in static
 //! memory ([`PARKED_CAPACITY`] blocks, no heap), to be deferred by a later free or
 //! [`collect`] that finds room. Deferring a block later than it was freed is always
 //! sound: a reader pinned when it was freed and still pinned later holds it back then too.
@@ -59,12 +59,10 @@ fn parked() -> MutexGuard<'static, Parked> {
     PARKED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Whether the heap can hold what one deferral allocates: a fallible allocation of
-/// [`HEAP_ROOM`] bytes, given back at once, so the deferral that follows finds the room
-/// (with `Tracking`, in this thread's own reservation).
+/// Whether the heap can hold what one deferral allocates ([`HEAP_ROOM`] bytes): asked of
+/// the tracking allocator's budget, without allocating (always true without a heap limit).
 fn heap_has_room() -> bool {
-    let mut probe: Vec<u8> = Vec::new();
-    probe.try_reserve_exact(HEAP_ROOM).is_ok()
+    ndmem_alloc::heap::has_room(HEAP_ROOM)
 }
 
 /// Hands `block` (whose bytes are already counted in `PENDING`) to the epoch.
