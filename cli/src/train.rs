@@ -170,7 +170,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         limit.map_or_else(|| "unlimited".to_string(), |l| ByteSize(l).to_string())
     );
     outln!("heap: every byte counted by ndmem_alloc::Tracking<System>");
-    if let Some(line) = environment.workspaces.describe() {
+    if let Some(line) = crate::env::describe_workspaces(environment.workspaces) {
         outln!("{line}");
     }
     for mode in &options.modes {

@@ -494,7 +494,7 @@ impl WorkspaceConfigBuilder {
 
 /// A workspace debug mode from `NDMEM_WORKSPACES` (semantics §2.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DebugMode {
+pub enum DebugMode {
     /// Workspaces work normally (variable unset or empty).
     Normal,
     /// Every allocation spills: the buffers are never used.
@@ -503,36 +503,46 @@ pub(crate) enum DebugMode {
     Bypass,
 }
 
-/// Parses a value of `NDMEM_WORKSPACES` (case-insensitive, surrounding spaces ignored).
-pub(crate) fn parse_debug_mode(value: Option<&str>) -> Result<DebugMode, ConfigError> {
-    let Some(value) = value else {
-        return Ok(DebugMode::Normal);
-    };
-    match value.trim().to_ascii_lowercase().as_str() {
-        "" => Ok(DebugMode::Normal),
-        "spill_everything" => Ok(DebugMode::SpillEverything),
-        "bypass" => Ok(DebugMode::Bypass),
-        _ => Err(ConfigError::Invalid {
-            variable: ENV_WORKSPACES.to_string(),
-            message: format!(
-                "{value:?} is not a workspace debug mode (expected spill_everything, bypass, or unset)"
-            ),
-        }),
+impl DebugMode {
+    /// Parses a value of `NDMEM_WORKSPACES` (case-insensitive, surrounding spaces ignored;
+    /// unset or empty means [`DebugMode::Normal`]). Anything else is an error naming the
+    /// variable and the value.
+    pub fn parse(value: Option<&str>) -> Result<DebugMode, ConfigError> {
+        let Some(value) = value else {
+            return Ok(DebugMode::Normal);
+        };
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(DebugMode::Normal),
+            "spill_everything" => Ok(DebugMode::SpillEverything),
+            "bypass" => Ok(DebugMode::Bypass),
+            _ => Err(ConfigError::Invalid {
+                variable: ENV_WORKSPACES.to_string(),
+                message: format!(
+                    "{value:?} is not a workspace debug mode (expected e.g. spill_everything, bypass, or unset)"
+                ),
+            }),
+        }
+    }
+
+    /// The mode `NDMEM_WORKSPACES` asks for now (read from the environment on each call;
+    /// workspaces read it once, at their first use in the process).
+    pub fn from_env() -> Result<DebugMode, ConfigError> {
+        match std::env::var(ENV_WORKSPACES) {
+            Ok(value) => DebugMode::parse(Some(&value)),
+            Err(std::env::VarError::NotPresent) => Ok(DebugMode::Normal),
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
+                variable: ENV_WORKSPACES.to_string(),
+            }),
+        }
     }
 }
 
 /// The process's debug mode, read from the environment once.
 pub(crate) fn debug_mode() -> Result<DebugMode, Error> {
     static MODE: OnceLock<Result<DebugMode, ConfigError>> = OnceLock::new();
-    MODE.get_or_init(|| match std::env::var(ENV_WORKSPACES) {
-        Ok(value) => parse_debug_mode(Some(&value)),
-        Err(std::env::VarError::NotPresent) => Ok(DebugMode::Normal),
-        Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
-            variable: ENV_WORKSPACES.to_string(),
-        }),
-    })
-    .clone()
-    .map_err(Error::Config)
+    MODE.get_or_init(DebugMode::from_env)
+        .clone()
+        .map_err(Error::Config)
 }
 
 #[cfg(test)]
@@ -541,14 +551,14 @@ mod tests {
 
     #[test]
     fn debug_modes_parse_and_garbage_is_named() {
-        assert_eq!(parse_debug_mode(None), Ok(DebugMode::Normal));
-        assert_eq!(parse_debug_mode(Some("")), Ok(DebugMode::Normal));
+        assert_eq!(DebugMode::parse(None), Ok(DebugMode::Normal));
+        assert_eq!(DebugMode::parse(Some("")), Ok(DebugMode::Normal));
         assert_eq!(
-            parse_debug_mode(Some(" Spill_Everything ")),
+            DebugMode::parse(Some(" Spill_Everything ")),
             Ok(DebugMode::SpillEverything)
         );
-        assert_eq!(parse_debug_mode(Some("bypass")), Ok(DebugMode::Bypass));
-        let err = parse_debug_mode(Some("bypas")).unwrap_err().to_string();
+        assert_eq!(DebugMode::parse(Some("bypass")), Ok(DebugMode::Bypass));
+        let err = DebugMode::parse(Some("bypas")).unwrap_err().to_string();
         assert!(
             err.contains(ENV_WORKSPACES) && err.contains("\"bypas\""),
             "{err}"
