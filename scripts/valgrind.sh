@@ -9,8 +9,9 @@
 # Suppressions (scripts/valgrind.supp) cover process-wide state only, each with its reason.
 #
 # With no arguments: the suites that touch unsafe code (the allocator crate's unit and
-# integration tests; ndmem's unit tests and its alloc, tensors, workspaces, stress,
-# heap_tracking and workspace counter binaries): about 3 minutes on 2 cores. Extra arguments go to `cargo test` instead (e.g. `-p ndmem --test workspaces`).
+# integration tests; ndmem's unit tests and its alloc, tensors, workspaces, device, stress
+# and heap_tracking binaries): about 3 minutes on 2 cores. Extra arguments go to
+# `cargo test` instead (e.g. `-p ndmem --test workspaces`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
@@ -25,6 +26,6 @@ if [ $# -gt 0 ]; then
     cargo test "$@"
 else
     cargo test -p ndmem-alloc --lib --tests
-    cargo test -p ndmem --lib --test alloc --test tensors --test workspaces --test stress \
-        --test heap_tracking --test workspace_pool_counters --test workspace_debug_modes
+    cargo test -p ndmem --lib --test alloc --test tensors --test workspaces --test device \
+        --test stress --test heap_tracking
 fi
