@@ -12,11 +12,16 @@
 //! Invariants:
 //! - A block on a slot's lists is owned by that slot alone and stays reserved in the pool's
 //!   budget, so `used = live + cached <= max_bytes` holds with thread caches too.
-//! - A slot's lists are touched only by whoever holds its `state` word: its owner thread
-//!   (`IDLE -> BUSY` by one compare-and-swap that never waits, back to `IDLE` by a release
-//!   store) or a recaller (`IDLE -> RECALL`, waiting out a `BUSY` owner, while it holds the
-//!   registry's lock, which the owner never takes inside `BUSY`). An owner that finds
-//!   `RECALL` uses the shared classes for that one request.
+//! - A slot's lists are touched by one thread at a time: its owner, between raising `busy`
+//!   and lowering it, if it found `recall` down after raising `busy`; or a recaller (holding
+//!   the registry's lock, which the owner never takes while `busy`), between raising
+//!   `recall` and lowering it, once it saw `busy` down after raising `recall`. This is
+//!   Dekker's handshake: each side stores its flag, then a store-load barrier, then loads
+//!   the other's, so at least one side sees the other and stands back (the owner uses the
+//!   shared classes for that one request; the recaller waits, the owner's turn being a few
+//!   instructions that neither wait nor allocate). The barrier is asymmetric (`os`): the
+//!   owner's side is a compiler fence when the recaller's side can make every thread of the
+//!   process fence (Linux `membarrier`), so a cache hit costs no read-modify-write at all.
 //! - A slot's tally is written by its owner alone (plain loads and stores of atomics, no
 //!   read-modify-write) and read by others under the registry's lock. A thread that exits
 //!   folds its tally into the pool's books and removes its slot under that same lock, so a
@@ -45,26 +50,23 @@ use loom::sync::{Mutex, MutexGuard};
 use std::sync::{Mutex, MutexGuard};
 
 use super::class::NUM_CLASSES;
+use super::os::{heavy_barrier, light_barrier};
 use super::stats::{Books, Figures};
 use super::{Core, Usage};
 use crate::sync::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
-
-/// The owner is outside the slot.
-const IDLE: usize = 0;
-/// The owner is taking or keeping a block.
-const BUSY: usize = 1;
-/// Another thread is emptying the slot.
-const RECALL: usize = 2;
 
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
 
 /// One thread's cache and tally for one pool.
 pub(super) struct Slot {
-    state: AtomicUsize,
-    /// Head of each class's free list (null when empty); under `state`.
+    /// 1 while the owner is inside (takes or keeps a block).
+    busy: AtomicUsize,
+    /// 1 while a recaller wants in or is inside.
+    recall: AtomicUsize,
+    /// Head of each class's free list (null when empty); see the handshake.
     heads: UnsafeCell<[*mut u8; NUM_CLASSES]>,
-    /// Bytes on the lists; written under `state`, read by anyone.
+    /// Bytes on the lists; written by whoever is inside, read by anyone.
     bytes: AtomicUsize,
     tally: Tally,
     /// The owner's peak bookkeeping; touched by the owner thread alone.
@@ -96,12 +98,12 @@ struct Mark {
     epoch: u64,
 }
 
-// SAFETY: the lists (raw block pointers, owned by the slot) are touched only by the holder
-// of `state` (see the module invariant), and `mark` only by the owner thread; everything
-// else is atomic.
+// SAFETY: the lists (raw block pointers, owned by the slot) are touched by one thread at a
+// time (the handshake of the module invariant), and `mark` only by the owner thread;
+// everything else is atomic.
 unsafe impl Send for Slot {}
-// SAFETY: as for `Send`: shared access to the non-atomic parts is serialised by `state`
-// (lists) or confined to the owner thread (`mark`).
+// SAFETY: as for `Send`: shared access to the non-atomic parts is serialised by the
+// handshake (lists) or confined to the owner thread (`mark`).
 unsafe impl Sync for Slot {}
 
 /// Adds `n` to a figure only this thread writes: a load and a store, no read-modify-write.
@@ -124,7 +126,8 @@ fn shift(figure: &AtomicIsize, n: isize) {
 impl Slot {
     fn new() -> Slot {
         Slot {
-            state: AtomicUsize::new(IDLE),
+            busy: AtomicUsize::new(0),
+            recall: AtomicUsize::new(0),
             heads: UnsafeCell::new([ptr::null_mut(); NUM_CLASSES]),
             bytes: AtomicUsize::new(0),
             tally: Tally {
@@ -139,17 +142,31 @@ impl Slot {
         }
     }
 
+    /// Owner: enters the slot, unless a recaller is at it (then it must not touch it).
+    #[inline(always)]
+    fn enter(&self) -> bool {
+        self.busy.store(1, Ordering::Relaxed);
+        light_barrier();
+        if self.recall.load(Ordering::Acquire) == 0 {
+            return true;
+        }
+        self.busy.store(0, Ordering::Release);
+        false
+    }
+
+    /// Owner: leaves the slot, publishing its writes to the next recaller.
+    #[inline(always)]
+    fn leave(&self) {
+        self.busy.store(0, Ordering::Release);
+    }
+
     /// Owner: takes a block of `class` (of `capacity` bytes) from the lists, if any.
     #[inline]
     pub(super) fn take(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
-        if self
-            .state
-            .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        if !self.enter() {
             return None; // being recalled: this request goes to the shared classes
         }
-        // SAFETY: `state` is BUSY, held by this thread: nobody else touches the lists.
+        // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
         let heads = unsafe { &mut *self.heads.get() };
         let block = NonNull::new(heads[class]);
         if let Some(block) = block {
@@ -159,7 +176,7 @@ impl Slot {
             let bytes = self.bytes.load(Ordering::Relaxed);
             self.bytes.store(bytes - capacity, Ordering::Relaxed);
         }
-        self.state.store(IDLE, Ordering::Release);
+        self.leave();
         block
     }
 
@@ -173,41 +190,38 @@ impl Slot {
         capacity: usize,
         bound: usize,
     ) -> bool {
-        let bytes = self.bytes.load(Ordering::Relaxed);
-        if bytes + capacity > bound
-            || self
-                .state
-                .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-        {
+        if self.bytes.load(Ordering::Relaxed) + capacity > bound || !self.enter() {
             return false;
         }
-        // SAFETY: `state` is BUSY, held by this thread: nobody else touches the lists.
+        // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
         let heads = unsafe { &mut *self.heads.get() };
         // SAFETY: the caller owns `block`, a pool block of at least 64 bytes aligned to 16:
         // its first word is ours to overwrite with the link.
         unsafe { block.as_ptr().cast::<*mut u8>().write(heads[class]) };
         heads[class] = block.as_ptr();
-        // Re-read: a recall may have zeroed the count between the load above and the CAS.
+        // Read again: a recall may have emptied the slot since the bound was checked.
         let bytes = self.bytes.load(Ordering::Relaxed);
         self.bytes.store(bytes + capacity, Ordering::Relaxed);
-        self.state.store(IDLE, Ordering::Release);
+        self.leave();
         true
     }
 
-    /// Anyone (the owner at exit, or a recaller holding the registry's lock): empties the
-    /// lists, waiting out the owner if it is inside, and calls `each(block, class)` for every
-    /// block, which then belongs to the caller. Returns the bytes the lists held.
+    /// Recaller, holding the registry's lock: the first half of the handshake. The
+    /// barrier (one for any number of slots) comes between this and [`Slot::drain`].
+    fn want(&self) {
+        self.recall.store(1, Ordering::Relaxed);
+    }
+
+    /// Recaller, holding the registry's lock, after [`Slot::want`] and a heavy barrier (or
+    /// the owner itself, at exit): empties the lists, waiting out the owner if it is
+    /// inside, and calls `each(block, class)` for every block, which then belongs to the
+    /// caller. Returns the bytes the lists held.
     fn drain(&self, mut each: impl FnMut(NonNull<u8>, usize)) -> usize {
-        while self
-            .state
-            .compare_exchange(IDLE, RECALL, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        while self.busy.load(Ordering::Acquire) != 0 {
             // The owner's turn is a few instructions that neither wait nor allocate.
             std::thread::yield_now();
         }
-        // SAFETY: `state` is RECALL, held by this thread: nobody else touches the lists.
+        // SAFETY: the recaller is inside (the handshake): nobody else touches the lists.
         let heads = unsafe { &mut *self.heads.get() };
         for (class, head) in heads.iter_mut().enumerate() {
             let mut next = std::mem::replace(head, ptr::null_mut());
@@ -220,7 +234,7 @@ impl Slot {
         }
         let bytes = self.bytes.load(Ordering::Relaxed);
         self.bytes.store(0, Ordering::Relaxed);
-        self.state.store(IDLE, Ordering::Release);
+        self.recall.store(0, Ordering::Release);
         bytes
     }
 
@@ -311,6 +325,7 @@ impl std::fmt::Debug for Registry {
 
 impl Registry {
     pub(super) fn new(bound: usize) -> Registry {
+        super::os::prepare_barrier();
         Registry {
             slots: Mutex::new(Vec::new()),
             closed: AtomicUsize::new(0),
@@ -361,9 +376,17 @@ impl Registry {
     /// Empties every slot, handing each block (and its class) to `each`; returns the bytes.
     pub(super) fn recall(&self, mut each: impl FnMut(NonNull<u8>, usize)) -> usize {
         let slots = self.lock();
+        if slots.is_empty() {
+            return 0;
+        }
+        for listed in slots.iter() {
+            // SAFETY: a listed slot is alive while the lock is held.
+            unsafe { listed.0.as_ref() }.want();
+        }
+        heavy_barrier();
         slots
             .iter()
-            // SAFETY: a listed slot is alive while the lock is held.
+            // SAFETY: as above.
             .map(|listed| unsafe { listed.0.as_ref() }.drain(&mut each))
             .sum()
     }
@@ -385,6 +408,8 @@ impl Registry {
         let mut slots = self.lock();
         // SAFETY: the slot is listed, so alive, and the caller is its owner.
         let s = unsafe { slot.as_ref() };
+        // The caller is the owner, outside the slot: no barrier is needed to see it out.
+        s.want();
         s.drain(each);
         // SAFETY: `mark` belongs to the owner thread, which is the caller.
         let m = unsafe { &*s.mark.get() };

@@ -241,7 +241,7 @@ impl Pool {
     ) -> Block<'_> {
         // SAFETY: `ptr` is a block of exactly `capacity` bytes of this pool (its class's
         // size, from a cache of that class or fresh from the OS), owned by this call alone
-        // (a cached pointer leaves a thread's list under its slot's state word, and a shared
+        // (a cached pointer leaves a thread's list inside the slot's handshake, and a shared
         // slot through one `swap`), with every byte initialised (zeroed by the OS path,
         // written by previous owners since); `size <= capacity`.
         let mut block = unsafe { Block::new(ptr, size, capacity, usage, self) };
@@ -588,7 +588,7 @@ impl Core {
         // SAFETY: every block of this pool of `capacity` bytes came from `os::obtain` with
         // that capacity (`os_alloc`), and the callers own it: `release` takes it from a
         // dropped `Block`, `trim` from a slot through one `swap` or a thread's list under
-        // its state word.
+        // its handshake.
         unsafe { os::give_back(ptr, capacity) };
         self.budget.release(capacity);
         self.books.os_free();
