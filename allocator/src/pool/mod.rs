@@ -147,16 +147,19 @@ impl Pool {
 
     /// A block of at least `size` bytes aligned to `align` (a power of two up to 4096).
     /// Its bytes are initialised but their values are unspecified.
+    #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<Block<'_>, AllocError> {
         self.allocate_for(size, align, Usage::Other)
     }
 
     /// [`Pool::allocate`] with every byte zero.
+    #[inline]
     pub fn allocate_zeroed(&self, size: usize, align: usize) -> Result<Block<'_>, AllocError> {
         self.allocate_zeroed_for(size, align, Usage::Other)
     }
 
     /// [`Pool::allocate`] recording what the block is for.
+    #[inline]
     pub fn allocate_for(
         &self,
         size: usize,
@@ -167,6 +170,7 @@ impl Pool {
     }
 
     /// [`Pool::allocate_zeroed`] recording what the block is for.
+    #[inline]
     pub fn allocate_zeroed_for(
         &self,
         size: usize,
