@@ -3,7 +3,7 @@
 //! limit; the statistics read from any thread are exact.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use ndmem_alloc::{AllocError, Block, Limits, Pool, Usage};
@@ -13,17 +13,18 @@ use crate::{pool_with, MIB};
 /// Runs `cache` on a thread of its own, which then stays alive (its cache untouched) while
 /// `meanwhile` runs on the calling thread, and exits afterwards.
 fn while_a_thread_caches(pool: &Pool, cache: impl FnOnce(&Pool) + Send, meanwhile: impl FnOnce()) {
-    let cached = Barrier::new(2);
-    let done = Barrier::new(2);
     std::thread::scope(|s| {
-        s.spawn(|| {
+        // Channels, not barriers: if `meanwhile` panics, `done` drops and the thread ends.
+        let (cached, has_cached) = mpsc::channel::<()>();
+        let (done, wait_done) = mpsc::channel::<()>();
+        s.spawn(move || {
             cache(pool);
-            cached.wait();
-            done.wait();
+            cached.send(()).unwrap();
+            let _ = wait_done.recv();
         });
-        cached.wait();
+        has_cached.recv().unwrap();
         meanwhile();
-        done.wait();
+        drop(done);
     });
 }
 
