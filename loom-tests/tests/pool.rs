@@ -13,6 +13,12 @@
 //! - `set_max_bytes` lowering the limit while a block is allocated: exactly one of the two
 //!   wins, and use never ends above the limit in force.
 //!
+//! Under loom no thread keeps a cache of its own (`pool::local` registers none: loom runs
+//! its threads on one OS thread), so these models check the shared classes, the books and
+//! the registry lock the statistics are summed under. The threads' caches are entered by a
+//! handshake whose barrier is process-wide (`membarrier`), which loom cannot model; the
+//! stress tests of `tests/alloc/threads.rs` and memcheck cover it.
+//!
 //! `Pool::new` builds 113 classes x 16 slots of loom atomics and `trim` (at relief and at
 //! drop) scans them all, so these models raise loom's per-execution branch cap. The
 //! physical limit is off: its RSS estimate is a heuristic re-read from `/proc`, not a
