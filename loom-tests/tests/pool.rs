@@ -200,8 +200,9 @@ fn lowering_the_limit_races_an_allocation_safely() {
     check(|| {
         let pool = pool(256);
         drop(pool.allocate(64, 64).unwrap()); // cached: trimmed by the lower limit
+        let lowering_done = Arc::new(AtomicUsize::new(0));
         let allocator = {
-            let pool = pool.clone();
+            let (pool, lowering_done) = (pool.clone(), lowering_done.clone());
             thread::spawn(move || {
                 let block = pool.allocate(128, 64);
                 let ok = block.is_ok();
@@ -210,10 +211,14 @@ fn lowering_the_limit_races_an_allocation_safely() {
                     let limit = pool.limits().0.unwrap();
                     assert!(limit >= 128, "128 bytes live under a limit of {limit}");
                 }
+                // The block stays live until the limit change is over (freed and cached,
+                // it would rightly let a lower limit through).
+                rendezvous(&lowering_done, 2);
                 ok
             })
         };
         let lowered = pool.set_max_bytes(Some(100));
+        rendezvous(&lowering_done, 2);
         let allocated = allocator.join().unwrap();
         match (allocated, &lowered) {
             (true, Err(AllocError::LimitBelowUse { .. })) => {
