@@ -30,7 +30,10 @@
 //!   both threads share one pool and the figure is the slower thread's, as above.
 //! - `pool_cycle1000_1t/<impl>/<size>` and `pool_cycle1000_2t/...`: 1,000 blocks
 //!   allocated (first and last byte written), then all freed; time per block. Minor page
-//!   faults per allocation of these cycles after one warm-up cycle are printed first.
+//!   faults per allocation of these cycles after one warm-up cycle are printed first. At 2
+//!   threads every sample starts two new threads, so the pool's figure includes warming
+//!   their caches (a thread's cache goes to the shared classes, 16 blocks each, when it
+//!   exits).
 //!
 //! Run: `cargo bench --bench alloc -- --warm-up-time 1 --measurement-time 3`.
 
