@@ -410,10 +410,11 @@ impl Core {
         }
     }
 
+    #[inline(always)]
     fn check_config(&self) -> Result<(), AllocError> {
         match &self.config_error {
-            Some(e) => Err(AllocError::Config(e.clone())),
             None => Ok(()),
+            Some(e) => Err(config_failure(e)),
         }
     }
 
@@ -597,6 +598,12 @@ impl Core {
         self.budget.release(capacity);
         self.books.os_free();
     }
+}
+
+/// The error of a pool whose configuration is unusable (kept off the allocation path).
+#[cold]
+fn config_failure(e: &ConfigError) -> AllocError {
+    AllocError::Config(e.clone())
 }
 
 impl Drop for Pool {
