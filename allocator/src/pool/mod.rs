@@ -197,7 +197,9 @@ impl Pool {
         Ok(Reservation::new(bytes, usage, self))
     }
 
-    #[inline]
+    /// The fast path, inlined into callers: this thread's own cache, one thread-local
+    /// lookup; everything else is [`Pool::allocate_slow`].
+    #[inline(always)]
     fn allocate_inner(
         &self,
         size: usize,
@@ -208,19 +210,33 @@ impl Pool {
         let capacity = capacity_for(size, align)?;
         let core = &*self.core;
         core.check_config()?;
-        let class = cached_class(capacity);
-        if let Some(class) = class {
-            // The fast path: this thread's own cache, one thread-local lookup.
+        if let Some(class) = cached_class(capacity) {
             let hit = local::with_slot(core, |slot| {
                 let ptr = slot.take(class, capacity)?;
                 slot.live(&core.books, core.local.epoch(), capacity, usage, true);
                 Some(ptr)
             });
-            match hit {
-                Some(Some(ptr)) => return Ok(self.block(ptr, size, capacity, usage, zeroed, false)),
-                Some(None) => {}
-                None => local::register(&self.core),
+            if let Some(Some(ptr)) = hit {
+                return Ok(self.block(ptr, size, capacity, usage, zeroed, false));
             }
+        }
+        self.allocate_slow(size, capacity, usage, zeroed)
+    }
+
+    /// A block from the shared classes or the OS (registering this thread's cache first if
+    /// it has none).
+    #[inline(never)]
+    fn allocate_slow(
+        &self,
+        size: usize,
+        capacity: usize,
+        usage: Usage,
+        zeroed: bool,
+    ) -> Result<Block<'_>, AllocError> {
+        let core = &*self.core;
+        let class = cached_class(capacity);
+        if class.is_some() && local::with_slot(core, |_| ()).is_none() {
+            local::register(&self.core);
         }
         let (ptr, fresh) = match class.and_then(|c| core.take_shared(c, capacity)) {
             Some(ptr) => (ptr, false),
