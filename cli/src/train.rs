@@ -174,7 +174,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     );
     outln!("heap: every byte counted by ndmem_alloc::Tracking<System>");
     outln!("{}", describe_prefetch(options.prefetch));
-    if let Some(line) = environment.workspaces.describe() {
+    if let Some(line) = crate::env::describe_workspaces(environment.workspaces) {
         outln!("{line}");
     }
     for mode in &options.modes {

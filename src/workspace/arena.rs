@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use ndmem_alloc::{AllocError, Usage};
 
-use super::buffer::{claim_path, Buffer, PathClaim};
+use super::buffer::{claim_path, Buffer, FileClaim};
 use super::bump::{dangling, Region};
 use super::config::{DebugMode, LearningPolicy, LocationPolicy, SpillPolicy, WorkspaceConfig};
 use super::ring::Ring;
@@ -92,7 +92,8 @@ pub(crate) struct Arena {
     cycles: Cycles,
     spills: Spills,
     ring: Ring,
-    _claim: Option<PathClaim>,
+    /// The user file of a mapped workspace (its buffers hold the claim too).
+    claim: Option<FileClaim>,
 }
 
 impl Arena {
@@ -127,7 +128,7 @@ impl Arena {
             },
             spills: Spills::default(),
             ring: Ring::new(),
-            _claim: claim,
+            claim,
         };
         if config.initial_size() > 0 && !arena.settings.no_buffer {
             if circular {
@@ -178,6 +179,7 @@ impl Arena {
             self.settings.config.source(),
             self.id(),
             self.settings.config.policy_location(),
+            self.claim.as_ref(),
             bytes,
             self.settings.sizing.align,
         )
@@ -197,7 +199,7 @@ impl Arena {
     /// an old ring alive while they need it.
     fn build_ring(&self, shape: RingShape) -> Result<(), Error> {
         let fresh = self.allocate_buffer(shape.buffer)?;
-        self.install(fresh.into_ring(shape.slots));
+        self.install(fresh.into_ring(shape.slots)?);
         self.ring.reset(shape);
         self.cycles.start.set(0);
         Ok(())
