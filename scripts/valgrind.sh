@@ -26,6 +26,11 @@ if [ $# -gt 0 ]; then
     cargo test "$@"
 else
     cargo test -p ndmem-alloc --lib --tests
+    # The four-thread limit tests assert that their threads met the limit, which needs them
+    # to run side by side; memcheck runs one thread at a time, so they are left to the
+    # plain runs (their memory accesses are checked by the other pool tests here).
     cargo test -p ndmem --lib --test alloc --test tensors --test workspaces --test device \
-        --test stress --test heap_tracking
+        --test stress --test heap_tracking -- \
+        --skip threads::the_limit_holds_exactly_with_four_threads_caching \
+        --skip limits::limit_holds_under_four_threads
 fi
