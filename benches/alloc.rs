@@ -24,6 +24,16 @@
 //!   hands the pages back to the OS every round.
 //! - Before criterion runs, minor page faults per block of each pool benchmark are
 //!   printed, read from /proc/self/stat (the figure getrusage's ru_minflt reports).
+//! - `pool_pair_1t/<impl>/<size>` and `pool_pair_2t/...`: one `Pool::allocate(size, 16)`,
+//!   a write to the first and the last byte, drop, for 64 B, 4 KiB, 64 KiB and 1 MiB,
+//!   beside System (glibc) and mimalloc doing the same through `GlobalAlloc`; at 2 threads
+//!   both threads share one pool and the figure is the slower thread's, as above.
+//! - `pool_cycle1000_1t/<impl>/<size>` and `pool_cycle1000_2t/...`: 1,000 blocks
+//!   allocated (first and last byte written), then all freed; time per block. Minor page
+//!   faults per allocation of these cycles after one warm-up cycle are printed first. At 2
+//!   threads every sample starts two new threads, so the pool's figure includes warming
+//!   their caches (a thread's cache goes to the shared classes, 16 blocks each, when it
+//!   exits).
 //!
 //! Run: `cargo bench --bench alloc -- --warm-up-time 1 --measurement-time 3`.
 
@@ -52,6 +62,10 @@ const POOL_SIZES: [usize; 5] = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 const BEYOND_THRESHOLD: usize = 64 << 20;
 /// Blocks live at once in `pool_cycle8`.
 const CYCLE_BLOCKS: usize = 8;
+/// Sizes of the pool's pair and 1,000-block cycle benchmarks.
+const PAIR_SIZES: [usize; 4] = [64, 4 << 10, 64 << 10, 1 << 20];
+/// Blocks live at once in `pool_cycle1000`.
+const CYCLE1000: usize = 1000;
 
 /// One alloc + write + free through `alloc`.
 #[inline(always)]
@@ -245,9 +259,125 @@ fn pool_vs_system(c: &mut Criterion) {
     }
 }
 
+/// The pool's alloc + write + free, as `alloc_write_free` does it through `GlobalAlloc`.
+#[inline(always)]
+fn pool_write_free(pool: &Pool, size: usize) {
+    let block = pool.allocate(size, 16).expect("an unlimited pool");
+    let ptr = block.ptr().as_ptr();
+    // SAFETY: the block holds `size` writable bytes.
+    unsafe {
+        ptr.write_volatile(1);
+        ptr.add(size - 1).write_volatile(2);
+    }
+    drop(black_box(block));
+}
+
+/// 1,000 pool blocks of `size` bytes allocated (first and last byte written), then freed.
+fn pool_cycle1000(pool: &Pool, size: usize) {
+    let mut live = [const { None }; CYCLE1000];
+    for slot in live.iter_mut() {
+        let block = pool.allocate(size, 16).expect("an unlimited pool");
+        let ptr = block.ptr().as_ptr();
+        // SAFETY: the block holds `size` writable bytes.
+        unsafe {
+            ptr.write_volatile(1);
+            ptr.add(size - 1).write_volatile(2);
+        }
+        *slot = Some(block);
+    }
+    drop(black_box(live));
+}
+
+/// 1,000 blocks of `size` bytes from `alloc` (first and last byte written), then freed.
+fn alloc_cycle1000(alloc: &dyn GlobalAlloc, size: usize) {
+    let layout = Layout::from_size_align(size, 16).expect("a valid layout");
+    let mut live = [std::ptr::null_mut::<u8>(); CYCLE1000];
+    for slot in live.iter_mut() {
+        // SAFETY: `layout` has a non-zero size; the pointer is checked before use.
+        unsafe {
+            let ptr = alloc.alloc(layout);
+            assert!(!ptr.is_null(), "allocation of {size} bytes failed");
+            ptr.write_volatile(1);
+            ptr.add(size - 1).write_volatile(2);
+            *slot = ptr;
+        }
+    }
+    for ptr in black_box(live) {
+        // SAFETY: `ptr` came from `alloc.alloc(layout)` above and is freed once.
+        unsafe { alloc.dealloc(ptr, layout) };
+    }
+}
+
+fn print_cycle1000_page_faults() {
+    println!("minor page faults per allocation of a 1,000-block cycle (after one warm-up cycle):");
+    println!(
+        "{:>10} {:>10} {:>10} {:>10}",
+        "size", "pool", "glibc", "mimalloc"
+    );
+    let pool = Pool::new(Limits::unlimited());
+    let show = |f: Option<f64>| f.map_or("-".to_string(), |f| format!("{f:.3}"));
+    for size in PAIR_SIZES {
+        println!(
+            "{:>10} {:>10} {:>10} {:>10}",
+            size,
+            show(faults_per_block(5, CYCLE1000, || pool_cycle1000(
+                &pool, size
+            ))),
+            show(faults_per_block(5, CYCLE1000, || alloc_cycle1000(
+                &SYSTEM, size
+            ))),
+            show(faults_per_block(5, CYCLE1000, || alloc_cycle1000(
+                &MIMALLOC, size
+            ))),
+        );
+    }
+}
+
+fn pool_pairs_and_cycles(c: &mut Criterion) {
+    print_cycle1000_page_faults();
+    let anchors: [(&str, &'static (dyn GlobalAlloc + Sync)); 2] =
+        [("system", &SYSTEM), ("mimalloc", &MIMALLOC)];
+    for threads in [1, 2] {
+        let pool = Pool::new(Limits::unlimited());
+        let mut group = c.benchmark_group(format!("pool_pair_{threads}t"));
+        for size in PAIR_SIZES {
+            group.bench_with_input(BenchmarkId::new("pool", size), &size, |b, &size| {
+                b.iter_custom(|iters| run_threads(threads, iters, || pool_write_free(&pool, size)))
+            });
+            let layout = Layout::from_size_align(size, 16).expect("a valid layout");
+            for (name, alloc) in anchors {
+                group.bench_with_input(BenchmarkId::new(name, size), &layout, |b, &layout| {
+                    b.iter_custom(|iters| {
+                        run_threads(threads, iters, || alloc_write_free(alloc, layout))
+                    })
+                });
+            }
+        }
+        group.finish();
+        let mut group = c.benchmark_group(format!("pool_cycle1000_{threads}t"));
+        for size in PAIR_SIZES {
+            group.bench_with_input(BenchmarkId::new("pool", size), &size, |b, &size| {
+                b.iter_custom(|iters| {
+                    run_threads(threads, iters, || pool_cycle1000(&pool, size)) / CYCLE1000 as u32
+                })
+            });
+            for (name, alloc) in anchors {
+                group.bench_with_input(BenchmarkId::new(name, size), &size, |b, &size| {
+                    b.iter_custom(|iters| {
+                        run_threads(threads, iters, || alloc_cycle1000(alloc, size))
+                            / CYCLE1000 as u32
+                    })
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     alloc_free(&mut criterion);
     pool_vs_system(&mut criterion);
+    pool_pairs_and_cycles(&mut criterion);
     criterion.final_summary();
 }

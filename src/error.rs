@@ -180,6 +180,25 @@ pub enum Error {
     /// A configuration value is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A prefetching iterator's producer panicked or could not start (semantics §6).
+    #[error("prefetch iterator [{iterator}]: {message}")]
+    Prefetch {
+        /// The iterator's name.
+        iterator: String,
+        /// What happened, with the batch number where there is one.
+        message: String,
+    },
+    /// A prefetched batch was used after its window ended (semantics §6): `detach()` a
+    /// batch to keep it longer.
+    #[error("prefetch iterator [{iterator}]: batch {batch} was used after its window: {reason}; detach() a batch to keep it longer")]
+    PrefetchWindow {
+        /// The iterator's name.
+        iterator: String,
+        /// The batch's number in the stream, from 0.
+        batch: u64,
+        /// Why the window ended.
+        reason: String,
+    },
 }
 
 impl Error {

@@ -23,7 +23,9 @@
 //! 5. **Homes and owners** (internal): where a tensor's bytes live, and who owns them.
 //! 6. **Tensors** ([`Tensor`]): n-dimensional arrays, `Send` and `Sync`, checked on every use.
 //! 7. **Scopes** ([`Scope`]): ownership trees in the style of DJL's `NDManager`.
-//! 8. **Statistics** ([`stats`]): one snapshot of every figure (with PyTorch's key names),
+//! 8. **Prefetch** ([`Prefetch`], [`shield`]): batches built ahead by a producer thread in a
+//!    circular workspace, in the style of ND4J's `AsyncDataSetIterator`.
+//! 9. **Statistics** ([`stats`]): one snapshot of every figure (with PyTorch's key names),
 //!    the memory summary, the timeline recorder ([`trace`]) and the out-of-memory report.
 //!
 //! Without a workspace or a scope, a tensor's memory is a pool block owned by its handles:
@@ -269,6 +271,8 @@ mod error;
 #[cfg(not(ndmem_loom))]
 pub mod memory;
 #[cfg(not(ndmem_loom))]
+pub mod prefetch;
+#[cfg(not(ndmem_loom))]
 pub mod reclaim;
 #[cfg(not(ndmem_loom))]
 pub mod scope;
@@ -300,6 +304,8 @@ pub use error::{Error, Result};
 pub use memory::MemorySource;
 #[cfg(not(ndmem_loom))]
 pub use ndmem_alloc as alloc;
+#[cfg(not(ndmem_loom))]
+pub use prefetch::{shield, Batch, Prefetch};
 #[cfg(not(ndmem_loom))]
 pub use scope::Scope;
 #[cfg(not(ndmem_loom))]

@@ -11,9 +11,16 @@
 //! [`AUTO_COLLECT_BYTES`] the deferring thread collects, and every pool a
 //! [`crate::MemorySource`] was made for runs [`collect`] before it refuses an allocation
 //! at its limit (semantics §1, §6). A deferred block is freed to its own pool.
+//!
+//! Freeing never aborts for want of heap: deferring allocates (crossbeam boxes the closure
+//! and queues bags), so `defer_free` first asks the heap's budget whether it has room for
+//! it ([`HEAP_ROOM`], a few atomic loads, no allocation); if not, the block waits in a fixed reserve set aside in static
+//! memory ([`PARKED_CAPACITY`] blocks, no heap), to be deferred by a later free or
+//! [`collect`] that finds room. Deferring a block later than it was freed is always
+//! sound: a reader pinned when it was freed and still pinned later holds it back then too.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_epoch as epoch;
 use ndmem_alloc::{Block, Pool};
@@ -22,6 +29,92 @@ use ndmem_alloc::{Block, Pool};
 pub const AUTO_COLLECT_BYTES: usize = 64 << 20;
 
 static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Heap bytes a deferral may need at most: crossbeam's boxed closure, a sealed bag of 64
+/// deferred calls with its queue node (about 2 KiB), and the thread's registration with
+/// the epoch (about 2 KiB) on its first pin. A free goes to the epoch only when this much
+/// can be allocated.
+pub const HEAP_ROOM: usize = 8 << 10;
+
+/// Blocks the reserve of frees waiting for heap room holds at most. Past it (that many
+/// frees at a heap full to the last byte), a free is deferred as usual and may fail to
+/// allocate.
+pub const PARKED_CAPACITY: usize = 1024;
+
+/// Frees that found no heap room for their deferral, in static memory (no heap).
+struct Parked {
+    blocks: [Option<Block<'static>>; PARKED_CAPACITY],
+    len: usize,
+}
+
+static PARKED: Mutex<Parked> = Mutex::new(Parked {
+    blocks: [const { None }; PARKED_CAPACITY],
+    len: 0,
+});
+
+/// Blocks parked now (read without the lock, to skip it when there are none).
+static PARKED_LEN: AtomicUsize = AtomicUsize::new(0);
+
+fn parked() -> MutexGuard<'static, Parked> {
+    PARKED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether the heap can hold what one deferral allocates ([`HEAP_ROOM`] bytes): asked of
+/// the tracking allocator's budget, without allocating (always true without a heap limit).
+fn heap_has_room() -> bool {
+    ndmem_alloc::heap::has_room(HEAP_ROOM)
+}
+
+/// Hands `block` (whose bytes are already counted in `PENDING`) to the epoch.
+fn defer(block: Block<'static>) {
+    let bytes = block.capacity();
+    let guard = epoch::pin();
+    guard.defer(move || {
+        drop(block);
+        PENDING.fetch_sub(bytes, Ordering::Relaxed);
+    });
+    // Hand the garbage to the global queue now, so that a loop reusing one shape gets its
+    // blocks back in the pool's cache within a couple of epochs, not after 64 deferrals.
+    guard.flush();
+}
+
+/// Defers parked blocks while the heap has room for each.
+fn drain_parked() {
+    if PARKED_LEN.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    loop {
+        if !heap_has_room() {
+            return;
+        }
+        let block = {
+            let mut parked = parked();
+            if parked.len == 0 {
+                return;
+            }
+            parked.len -= 1;
+            let i = parked.len;
+            PARKED_LEN.store(parked.len, Ordering::Relaxed);
+            parked.blocks[i].take()
+        };
+        if let Some(block) = block {
+            defer(block);
+        }
+    }
+}
+
+/// Parks `block` in the reserve; gives it back if the reserve is full.
+fn park(block: Block<'static>) -> Result<(), Block<'static>> {
+    let mut parked = parked();
+    if parked.len == PARKED_CAPACITY {
+        return Err(block);
+    }
+    let i = parked.len;
+    parked.blocks[i] = Some(block);
+    parked.len += 1;
+    PARKED_LEN.store(parked.len, Ordering::Relaxed);
+    Ok(())
+}
 
 /// A pinned epoch: memory deferred after this point is not freed while it lives.
 pub type Pin = epoch::Guard;
@@ -33,18 +126,17 @@ pub fn pin() -> Pin {
 }
 
 /// Frees `block` (to its own pool) once no thread pinned now can still be reading it.
+/// Needs no heap: with none to spare, the block waits in the reserve (see the module).
 pub(crate) fn defer_free(block: Block<'static>) {
     let bytes = block.capacity();
     let pending = PENDING.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    let guard = epoch::pin();
-    guard.defer(move || {
-        drop(block);
-        PENDING.fetch_sub(bytes, Ordering::Relaxed);
-    });
-    // Hand the garbage to the global queue now, so that a loop reusing one shape gets its
-    // blocks back in the pool's cache within a couple of epochs, not after 64 deferrals.
-    guard.flush();
-    drop(guard);
+    if heap_has_room() {
+        defer(block);
+        drain_parked();
+    } else if let Err(block) = park(block) {
+        // The reserve is full too: the last resort is the ordinary deferral.
+        defer(block);
+    }
     if pending > AUTO_COLLECT_BYTES {
         collect();
     }
@@ -71,6 +163,7 @@ pub(crate) fn defer_with(bytes: usize, free: impl FnOnce() + Send + 'static) {
 /// freed by this call.
 pub fn collect() -> usize {
     let before = PENDING.load(Ordering::Relaxed);
+    drain_parked();
     // Two epoch advances release what was deferred; a few more rounds drain the queues.
     for _ in 0..16 {
         if PENDING.load(Ordering::Relaxed) == 0 {

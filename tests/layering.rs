@@ -18,7 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["memory::home"],
     &["memory::owner"],
     &["tensor"],
-    &["scope"],
+    &["scope", "prefetch"],
     &["stats"],
 ];
 

@@ -155,6 +155,17 @@ pub enum AllocError {
         /// The `errno` the OS returned.
         errno: i32,
     },
+    /// A reclaimer registered with the pool panicked while the pool relieved a limit for
+    /// this request; the panic was caught and nothing was allocated.
+    #[error("Can't allocate {kind} memory: {requested} bytes; a reclaimer registered with the pool panicked: {message}")]
+    ReclaimerPanicked {
+        /// Host or device memory.
+        kind: MemoryKind,
+        /// Bytes asked for.
+        requested: usize,
+        /// The reclaimer's panic message.
+        message: String,
+    },
     /// The pool's configuration (its environment variables) is invalid.
     #[error("the memory pool is not configured: {0}")]
     Config(#[from] ConfigError),

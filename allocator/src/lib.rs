@@ -8,9 +8,10 @@
 //! compare-and-swap on a single word before memory is obtained, so no interleaving can push
 //! the total past the limit. The global allocator reserves per thread in batches to stay
 //! off the shared cache line; the pool reserves only when it goes to the OS, because freed
-//! blocks stay reserved in its cache and are reused without touching the budget. Their
-//! statistics are made of one small type too, a [`counter::Counter`] (a value with its peak
-//! and running total), which the pool updates per block and the global allocator per batch.
+//! blocks stay reserved in its caches (one per thread, then shared) and are reused without
+//! touching the budget. Both keep their statistics per thread and make them exact when read:
+//! the global allocator in batches of [`counter::Counter`]s (a value with its peak and
+//! running total), the pool in per-thread tallies summed on read.
 //!
 //! ```
 //! use ndmem_alloc::{Limits, Pool};

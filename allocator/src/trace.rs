@@ -460,7 +460,7 @@ pub fn name(id: NameId) -> String {
     if space == Space::Pool {
         #[cfg(not(ndmem_loom))]
         {
-            let global = crate::Pool::global() as *const crate::Pool as usize;
+            let global = crate::Pool::global().id();
             let pools = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
             if pools.iter().any(|(a, i)| *a == global && *i == id) {
                 return "global pool".into();

@@ -468,6 +468,24 @@ pub mod heap {
         }
     }
 
+    /// Whether `bytes` more heap can be allocated now without passing the limit: always
+    /// with no limit; under one, when the headroom, the threads' reserves (which a refused
+    /// allocation recalls) and the calling thread's own cell cover it. A few atomic loads,
+    /// no allocation, so a free path can ask before it does anything that allocates. Another
+    /// thread may take the room right after: the answer is a moment's.
+    pub fn has_room(bytes: usize) -> bool {
+        let budget = LEDGER.budget();
+        if budget.limit().is_none() {
+            return true;
+        }
+        let own = TALLY.try_with(|t| t.cell()).unwrap_or(0);
+        budget
+            .available()
+            .saturating_add(LEDGER.reserves().total())
+            .saturating_add(own)
+            >= bytes
+    }
+
     /// Whether a [`Tracking`] allocator is installed and has counted anything.
     pub fn is_tracking() -> bool {
         ACTIVE.load(Ordering::Relaxed)

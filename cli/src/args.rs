@@ -98,6 +98,11 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", default_value_t = 42, allow_negative_numbers = true,
           value_parser = seed)]
     pub seed: u64,
+    /// Batches a producer thread builds ahead of training, in a circular workspace
+    /// (0 to 64; 0: no prefetching, each batch built on the training thread).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PREFETCH,
+          allow_negative_numbers = true, value_parser = prefetch_depth)]
+    pub prefetch: usize,
     /// Off-heap limit of the global pool for this run, e.g. 64M (0: unlimited);
     /// default: NDMEM_MAX_BYTES or half of RAM.
     #[arg(long, value_name = "SIZE", allow_negative_numbers = true, value_parser = size)]
@@ -130,6 +135,7 @@ impl TrainArgs {
             lr: self.lr,
             seed: self.seed,
             max_bytes: self.max_bytes,
+            prefetch: self.prefetch,
             device: self.device,
             out_dir: self.out_dir.clone(),
             json: self
@@ -163,6 +169,23 @@ pub const MAX_BATCH: u64 = 1 << 16;
 pub const MAX_HIDDEN: u64 = 1 << 16;
 
 /// A whole number from 1 to `max`.
+/// Batches prefetched by default.
+pub const DEFAULT_PREFETCH: usize = 2;
+
+/// Most batches `--prefetch` may build ahead.
+pub const MAX_PREFETCH: usize = 64;
+
+/// `--prefetch`: a whole number from 0 to [`MAX_PREFETCH`].
+fn prefetch_depth(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<i128>() {
+        Ok(n) if (0..=MAX_PREFETCH as i128).contains(&n) => Ok(n as usize),
+        Ok(n) => Err(format!("must be from 0 to {MAX_PREFETCH}, got {n}")),
+        Err(_) => Err(format!(
+            "{text:?} is not a whole number (expected 0 to {MAX_PREFETCH})"
+        )),
+    }
+}
+
 fn at_most<T: TryFrom<u64>>(text: &str, max: u64) -> Result<T, String> {
     let value: i128 = text.trim().parse().map_err(|_| {
         if text.trim().parse::<f64>().is_ok_and(f64::is_finite) {
@@ -287,6 +310,14 @@ mod tests {
     }
 
     #[test]
+    fn prefetch_defaults_on_and_zero_turns_it_off() {
+        let prefetch = |args: &[&str]| Cli::try_parse_from(args).unwrap().train.prefetch;
+        assert_eq!(prefetch(&["ndmem"]), DEFAULT_PREFETCH);
+        assert_eq!(prefetch(&["ndmem", "--prefetch", "0"]), 0);
+        assert_eq!(prefetch(&["ndmem", "--prefetch", "64"]), 64);
+    }
+
+    #[test]
     fn subcommands_parse() {
         let cli = Cli::try_parse_from(["ndmem", "train", "--epochs", "3", "--out-dir", "/tmp/x"])
             .unwrap();
@@ -333,6 +364,9 @@ mod tests {
                 "at most 18446744073709551615",
             ),
             (&["ndmem", "--seed", "-1"][..], "--seed"),
+            (&["ndmem", "--prefetch", "-1"][..], "from 0 to 64, got -1"),
+            (&["ndmem", "--prefetch", "65"][..], "from 0 to 64, got 65"),
+            (&["ndmem", "--prefetch", "two"][..], "--prefetch"),
             (&["ndmem", "--max-bytes", "-1"][..], "--max-bytes"),
         ] {
             let err = Cli::try_parse_from(args).unwrap_err();

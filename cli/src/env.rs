@@ -10,47 +10,17 @@ use ndmem::alloc::{heap, Limits, ENV_MAX_DEVICE_BYTES};
 
 use crate::Failure;
 
-/// The variable choosing the workspace debug mode (semantics §2.5).
-pub const ENV_WORKSPACES: &str = "NDMEM_WORKSPACES";
+pub use ndmem::workspace::{DebugMode as WorkspaceDebug, ENV_WORKSPACES};
 
-/// What `NDMEM_WORKSPACES` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WorkspaceDebug {
-    /// Unset or empty: workspaces work normally.
-    Normal,
-    /// `spill_everything`: every workspace allocation spills; the buffers are never used.
-    SpillEverything,
-    /// `bypass`: workspaces are off; their allocations go to the pool.
-    Bypass,
-}
-
-impl WorkspaceDebug {
-    /// Parses a value of `NDMEM_WORKSPACES` as the library does (case-insensitive,
-    /// surrounding spaces ignored; unset or empty means normal).
-    pub fn parse(value: Option<&str>) -> Result<WorkspaceDebug, String> {
-        let Some(value) = value else {
-            return Ok(WorkspaceDebug::Normal);
-        };
-        match value.trim().to_ascii_lowercase().as_str() {
-            "" => Ok(WorkspaceDebug::Normal),
-            "spill_everything" => Ok(WorkspaceDebug::SpillEverything),
-            "bypass" => Ok(WorkspaceDebug::Bypass),
-            _ => Err(format!(
-                "{ENV_WORKSPACES}={value:?} is not a workspace debug mode (expected e.g. spill_everything, bypass, or unset)"
-            )),
+/// One line for the run's header about the workspace debug mode, `None` in normal mode.
+pub fn describe_workspaces(mode: WorkspaceDebug) -> Option<&'static str> {
+    match mode {
+        WorkspaceDebug::Normal => None,
+        WorkspaceDebug::SpillEverything => {
+            Some("NDMEM_WORKSPACES=spill_everything: every workspace allocation spills")
         }
-    }
-
-    /// One line for the run's header, `None` in normal mode.
-    pub fn describe(self) -> Option<&'static str> {
-        match self {
-            WorkspaceDebug::Normal => None,
-            WorkspaceDebug::SpillEverything => {
-                Some("NDMEM_WORKSPACES=spill_everything: every workspace allocation spills")
-            }
-            WorkspaceDebug::Bypass => {
-                Some("NDMEM_WORKSPACES=bypass: workspaces are off, their tensors are pool blocks")
-            }
+        WorkspaceDebug::Bypass => {
+            Some("NDMEM_WORKSPACES=bypass: workspaces are off, their tensors are pool blocks")
         }
     }
 }
@@ -76,15 +46,7 @@ pub fn check() -> Result<Environment, Failure> {
     if let Some(error) = ndmem::trace::env_error() {
         return Err(Failure::config(error.to_string()));
     }
-    let workspaces = match std::env::var(ENV_WORKSPACES) {
-        Ok(value) => WorkspaceDebug::parse(Some(&value)),
-        Err(std::env::VarError::NotPresent) => Ok(WorkspaceDebug::Normal),
-        Err(std::env::VarError::NotUnicode(value)) => Err(format!(
-            "{ENV_WORKSPACES}={:?} is not valid UTF-8 (expected e.g. spill_everything, bypass, or unset)",
-            value.to_string_lossy()
-        )),
-    }
-    .map_err(Failure::config)?;
+    let workspaces = WorkspaceDebug::from_env().map_err(|e| Failure::config(e.to_string()))?;
     let device_percent = std::env::var(ENV_MAX_DEVICE_BYTES)
         .ok()
         .map(|v| v.trim().to_string())
@@ -112,12 +74,14 @@ mod tests {
             WorkspaceDebug::parse(Some("spill_everything ")),
             Ok(WorkspaceDebug::SpillEverything)
         );
-        let error = WorkspaceDebug::parse(Some("garbage")).unwrap_err();
+        let error = WorkspaceDebug::parse(Some("garbage"))
+            .unwrap_err()
+            .to_string();
         assert!(
-            error.starts_with("NDMEM_WORKSPACES=\"garbage\"") && error.contains("(expected e.g."),
+            error.starts_with("NDMEM_WORKSPACES: \"garbage\"") && error.contains("(expected e.g."),
             "{error}"
         );
-        assert!(WorkspaceDebug::Normal.describe().is_none());
-        assert!(WorkspaceDebug::Bypass.describe().unwrap().len() <= 80);
+        assert!(describe_workspaces(WorkspaceDebug::Normal).is_none());
+        assert!(describe_workspaces(WorkspaceDebug::Bypass).unwrap().len() <= 80);
     }
 }

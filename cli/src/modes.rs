@@ -62,6 +62,15 @@ impl Mode {
     }
 }
 
+/// A step's batch: host rows, or tensors already placed.
+#[derive(Clone, Copy)]
+enum Inputs<'a> {
+    /// Features and one-hot targets, row-major.
+    Host(&'a [f32], &'a [f32]),
+    /// Features and targets as tensors (on the trainer's device, if it has one).
+    Placed(&'a Tensor, &'a Tensor),
+}
+
 /// A model and the memory discipline its steps follow.
 #[derive(Debug)]
 pub struct Trainer {
@@ -124,16 +133,42 @@ impl Trainer {
     /// One SGD step on a batch of `x.len() / inputs` rows with one-hot targets `y`;
     /// returns the batch's loss before the update.
     pub fn step(&mut self, x: &[f32], y: &[f32], lr: f32) -> Result<f32> {
-        let rows = x.len() / self.dims.inputs;
-        let (x_shape, y_shape) = ([rows, self.dims.inputs], [rows, self.dims.classes]);
+        self.step_on(Inputs::Host(x, y), lr)
+    }
+
+    /// [`Trainer::step`] on a batch that is already on the trainer's device (copied there
+    /// ahead of the step, by a prefetching producer): the same arithmetic, without the copy
+    /// in. Tensors on no device or another one are copied to the trainer's device first.
+    pub fn step_on_device(&mut self, x: &Tensor, y: &Tensor, lr: f32) -> Result<f32> {
+        self.step_on(Inputs::Placed(x, y), lr)
+    }
+
+    /// The batch as step tensors on the trainer's device, created in `scope` if it comes
+    /// from host slices and one is given.
+    fn inputs(&self, inputs: Inputs<'_>, scope: Option<&Scope>) -> Result<(Tensor, Tensor)> {
+        match inputs {
+            Inputs::Host(x, y) => {
+                let rows = x.len() / self.dims.inputs;
+                let (x_shape, y_shape) = ([rows, self.dims.inputs], [rows, self.dims.classes]);
+                let make = |v: &[f32], shape: &[usize]| match scope {
+                    Some(scope) => scope.from_slice(v, shape),
+                    None => Tensor::from_slice(v, shape),
+                };
+                Ok((
+                    self.placed(make(x, &x_shape)?)?,
+                    self.placed(make(y, &y_shape)?)?,
+                ))
+            }
+            Inputs::Placed(x, y) => Ok((self.placed(x.clone())?, self.placed(y.clone())?)),
+        }
+    }
+
+    fn step_on(&mut self, inputs: Inputs<'_>, lr: f32) -> Result<f32> {
         if self.mode == Mode::Scopes {
             let base = self.base.as_ref().expect("scopes mode has a base scope");
             let batch = base.child("batch")?;
             let loss = {
-                let (x, y) = (
-                    self.placed(batch.from_slice(x, &x_shape)?)?,
-                    self.placed(batch.from_slice(y, &y_shape)?)?,
-                );
+                let (x, y) = self.inputs(inputs, Some(&batch))?;
                 let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
                 self.model.sgd(&grads, lr)?;
                 loss
@@ -146,10 +181,7 @@ impl Trainer {
         let _grad_cycle = self.cycle(GRAD_WORKSPACE)?;
         let (loss, grads) = {
             let step_cycle = self.cycle(STEP_WORKSPACE)?;
-            let (x, y) = (
-                self.placed(Tensor::from_slice(x, &x_shape)?)?,
-                self.placed(Tensor::from_slice(y, &y_shape)?)?,
-            );
+            let (x, y) = self.inputs(inputs, None)?;
             let (loss, grads) = self.model.loss_and_grads(&x, &y)?;
             // Device gradients live in the device pool, not in the cycle: nothing to move.
             match step_cycle {

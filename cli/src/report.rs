@@ -47,6 +47,10 @@ pub struct RunConfig {
     pub seed: u64,
     /// The pool's off-heap limit during the run (`None`: unlimited).
     pub max_bytes: Option<usize>,
+    /// Batches built ahead by a producer thread (`Some(0)`: none, built on the training
+    /// thread; `None`: a report written before batches were prefetched).
+    #[serde(default)]
+    pub prefetch: Option<usize>,
 }
 
 /// What one mode measured.
@@ -511,6 +515,7 @@ mod tests {
                 lr: 0.1,
                 seed: 1,
                 max_bytes: None,
+                prefetch: Some(2),
             },
             modes,
         }

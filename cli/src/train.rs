@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use ndmem::alloc::{heap, ByteSize, LimitSource, Pool, PoolStats, ENV_MAX_BYTES};
 use ndmem::device::{self, Device};
-use ndmem::reclaim;
+use ndmem::prefetch::Prefetch;
+use ndmem::{reclaim, Tensor};
 
 use crate::data::{fill_batch, shuffler, Dataset, Split, CLASSES, FEATURES};
 use crate::env::Environment;
@@ -47,6 +48,8 @@ pub struct TrainOptions {
     pub seed: u64,
     /// Off-heap limit to set on the global pool.
     pub max_bytes: Option<usize>,
+    /// Batches a producer thread builds ahead (0: built on the training thread).
+    pub prefetch: usize,
     /// The device to train on, if any.
     pub device: Option<DeviceSpec>,
     /// The directory the reports go to by default (created if missing).
@@ -170,7 +173,8 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         limit.map_or_else(|| "unlimited".to_string(), |l| ByteSize(l).to_string())
     );
     outln!("heap: every byte counted by ndmem_alloc::Tracking<System>");
-    if let Some(line) = environment.workspaces.describe() {
+    outln!("{}", describe_prefetch(options.prefetch));
+    if let Some(line) = crate::env::describe_workspaces(environment.workspaces) {
         outln!("{line}");
     }
     for mode in &options.modes {
@@ -195,6 +199,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
             lr: options.lr,
             seed: options.seed,
             max_bytes: limit,
+            prefetch: Some(options.prefetch),
         },
         modes: Vec::new(),
     };
@@ -313,6 +318,64 @@ pub fn run_length(epochs: u32, steps_per_epoch: u64, max_steps: Option<u64>, tot
     }
 }
 
+/// The header line saying how the batches are read.
+pub fn describe_prefetch(prefetch: usize) -> String {
+    if prefetch == 0 {
+        "batches: built on the training thread, no prefetching (--prefetch 0)".to_string()
+    } else {
+        // At most 76 columns (--prefetch 64).
+        format!(
+            "batches: {prefetch} ahead, by a thread into a {}-slot ring workspace (--prefetch {prefetch})",
+            prefetch + 2
+        )
+    }
+}
+
+/// Id of the producer's workspace (and the name of the iterator in errors).
+pub const BATCH_WORKSPACE: &str = "BATCHES";
+
+/// The training batches of `total` steps, in the order of the per-epoch shuffles: built
+/// `options.prefetch` ahead by a producer thread in its circular workspace (and copied to
+/// `device` there, if one is given), or, with 0, on this thread (semantics §6). The order
+/// is the same either way, so the losses are too.
+fn batches(
+    options: &TrainOptions,
+    split: &Split,
+    total: u64,
+    device: Option<&Device>,
+) -> Result<Prefetch<(Tensor, Tensor)>, String> {
+    let data = split.train.clone();
+    let rows = data.rows();
+    let batch = options.batch;
+    let steps_per_epoch = rows.div_ceil(batch) as u64;
+    let mut order: Vec<usize> = (0..rows).collect();
+    let mut shuffle = shuffler(options.seed);
+    let batch_rows = batch.min(rows);
+    let mut x = Vec::with_capacity(batch_rows * FEATURES);
+    let mut y = Vec::with_capacity(batch_rows * CLASSES.len());
+    let build = move |step: u64| {
+        let chunk = (step % steps_per_epoch) as usize;
+        if chunk == 0 {
+            shuffle.shuffle(&mut order);
+        }
+        let taken = &order[chunk * batch..rows.min((chunk + 1) * batch)];
+        fill_batch(&data, taken, &mut x, &mut y);
+        Ok((
+            Tensor::from_slice(&x, &[taken.len(), FEATURES])?,
+            Tensor::from_slice(&y, &[taken.len(), CLASSES.len()])?,
+        ))
+    };
+    let builder = Prefetch::builder()
+        .name(BATCH_WORKSPACE)
+        .capacity(options.prefetch);
+    let started = match device {
+        _ if options.prefetch == 0 => return Ok(builder.shield(0..total, build)),
+        Some(gpu) => builder.device(gpu).spawn(0..total, build),
+        None => builder.spawn(0..total, build),
+    };
+    started.map_err(|e| format!("starting the batch producer: {e}"))
+}
+
 /// One line comparing `workspaces` (and `scopes`) with `pool`, when they ran.
 fn print_comparison(report: &Report) {
     let find = |name: &str| report.modes.iter().find(|m| m.mode == name);
@@ -401,11 +464,6 @@ fn run_mode(
     pool.trim();
     let total = usize::try_from(bar.length().unwrap_or(0)).unwrap_or(usize::MAX);
     let mut series = Series::with_capacity(total)?;
-    let mut order: Vec<usize> = (0..split.train.rows()).collect();
-    let mut shuffle = shuffler(options.seed);
-    let batch_rows = options.batch.min(split.train.rows());
-    let mut x = Vec::with_capacity(batch_rows * FEATURES);
-    let mut y = Vec::with_capacity(batch_rows * CLASSES.len());
     let mut peak_heap = 0;
     let mut peaks = Peaks::default();
     let mut elapsed = Duration::ZERO;
@@ -424,55 +482,69 @@ fn run_mode(
         })
         .map_err(|e| format!("creating the parameters: {e}"))?;
     peaks.take(&pool.stats());
-    'epochs: for _ in 0..options.epochs {
-        shuffle.shuffle(&mut order);
-        for rows in order.chunks(options.batch) {
-            if series.loss.len() >= total {
-                break 'epochs;
-            }
-            fill_batch(&split.train, rows, &mut x, &mut y);
-            pool.reset_peak();
-            let (before, heap_before) = (pool.stats(), heap::stats());
+    // Started once the parameters exist: the producer's pool allocations (its first batch,
+    // then its ring) come before the first batch is handed over, outside every step, and
+    // reading a batch is outside the timed region.
+    let batches = batches(options, split, total as u64, device)?;
+    for batch in batches {
+        let step = series.loss.len() + 1;
+        let batch = batch.map_err(|e| format!("reading the batch of step {step}: {e}"))?;
+        let (x, y) = batch.get().map_err(|e| format!("at step {step}: {e}"))?;
+        // Host batches are read in place; prefetched device batches go to the step as they
+        // are (the copy in was the producer's).
+        let host = if x.is_on_device() {
+            None
+        } else {
+            let at = |e| format!("at step {step}: {e}");
+            Some((x.view::<f32>().map_err(at)?, y.view::<f32>().map_err(at)?))
+        };
+        pool.reset_peak();
+        let (before, heap_before) = (pool.stats(), heap::stats());
 
-            let started = Instant::now();
-            let loss = trainer
-                .step(&x, &y, options.lr)
-                .map_err(|e| format!("at step {}: {e}", series.loss.len() + 1))?;
-            let took = started.elapsed();
-            elapsed += took;
-            if !loss.is_finite() {
-                // JSON has no NaN or infinity, and nothing after this step would mean anything.
-                return Err(StepError::Diverged(format!(
-                    "at step {}: the loss is {loss} (the run diverged)",
-                    series.loss.len() + 1
-                )));
-            }
+        let started = Instant::now();
+        let loss = match &host {
+            Some((xv, yv)) => trainer.step(
+                xv.as_array().to_slice().unwrap_or_default(),
+                yv.as_array().to_slice().unwrap_or_default(),
+                options.lr,
+            ),
+            None => trainer.step_on_device(x, y, options.lr),
+        }
+        .map_err(|e| format!("at step {step}: {e}"))?;
+        let took = started.elapsed();
+        elapsed += took;
+        if !loss.is_finite() {
+            // JSON has no NaN or infinity, and nothing after this step would mean anything.
+            return Err(StepError::Diverged(format!(
+                "at step {}: the loss is {loss} (the run diverged)",
+                series.loss.len() + 1
+            )));
+        }
 
-            let (after, heap_after) = (pool.stats(), heap::stats());
-            peaks.take(&after);
-            peak_heap = peak_heap.max(heap_after.peak_bytes.saturating_sub(heap_base));
-            series.loss.push(loss);
-            series
-                .step_nanos
-                .push(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
-            series.pool_peak_bytes.push(after.peak_bytes);
-            series.pool_live_bytes.push(after.live_bytes);
-            series
-                .pool_allocations
-                .push(after.allocations - before.allocations);
-            series
-                .os_allocations
-                .push(after.os_allocations - before.os_allocations);
-            series
-                .heap_live_bytes
-                .push(heap_after.live_bytes.saturating_sub(heap_base));
-            series
-                .heap_allocations
-                .push(heap_after.allocations - heap_before.allocations);
-            bar.inc(1);
-            if series.loss.len() % 16 == 1 {
-                bar.set_message(format!("{loss:.4}"));
-            }
+        let (after, heap_after) = (pool.stats(), heap::stats());
+        peaks.take(&after);
+        peak_heap = peak_heap.max(heap_after.peak_bytes.saturating_sub(heap_base));
+        series.loss.push(loss);
+        series
+            .step_nanos
+            .push(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+        series.pool_peak_bytes.push(after.peak_bytes);
+        series.pool_live_bytes.push(after.live_bytes);
+        series
+            .pool_allocations
+            .push(after.allocations - before.allocations);
+        series
+            .os_allocations
+            .push(after.os_allocations - before.os_allocations);
+        series
+            .heap_live_bytes
+            .push(heap_after.live_bytes.saturating_sub(heap_base));
+        series
+            .heap_allocations
+            .push(heap_after.allocations - heap_before.allocations);
+        bar.inc(1);
+        if series.loss.len() % 16 == 1 {
+            bar.set_message(format!("{loss:.4}"));
         }
     }
     pool.reset_peak();
@@ -500,4 +572,101 @@ fn run_mode(
         test_accuracy: accuracy,
         series,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(prefetch: usize, batch: usize) -> TrainOptions {
+        TrainOptions {
+            modes: Vec::new(),
+            epochs: 3,
+            max_steps: None,
+            batch,
+            hidden: 8,
+            lr: 0.1,
+            seed: 7,
+            max_bytes: None,
+            prefetch,
+            device: None,
+            out_dir: PathBuf::new(),
+            json: PathBuf::new(),
+            svg: PathBuf::new(),
+        }
+    }
+
+    /// Every batch of `total` steps, read back.
+    fn stream(prefetch: usize, batch: usize, total: u64) -> Vec<(Vec<f32>, Vec<f32>)> {
+        let split = Split::new(&Dataset::iris().unwrap(), 7);
+        batches(&options(prefetch, batch), &split, total, None)
+            .unwrap()
+            .map(|b| {
+                let b = b.unwrap();
+                let (x, y) = b.get().unwrap();
+                (x.to_vec().unwrap(), y.to_vec().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prefetched_batches_are_the_shuffled_epochs_in_order() {
+        // The batches of the loop this replaced: shuffle per epoch, then chunks.
+        let split = Split::new(&Dataset::iris().unwrap(), 7);
+        let mut order: Vec<usize> = (0..split.train.rows()).collect();
+        let mut shuffle = shuffler(7);
+        let mut expected = Vec::new();
+        for _ in 0..3 {
+            shuffle.shuffle(&mut order);
+            for rows in order.chunks(16) {
+                let (mut x, mut y) = (Vec::new(), Vec::new());
+                fill_batch(&split.train, rows, &mut x, &mut y);
+                expected.push((x, y));
+            }
+        }
+        assert_eq!(
+            expected.len(),
+            24,
+            "8 steps of 16 rows (the last one 8) per epoch"
+        );
+        for prefetch in [0, 1, 2, 5] {
+            assert_eq!(stream(prefetch, 16, 24), expected, "--prefetch {prefetch}");
+        }
+        assert_eq!(stream(2, 16, 10), expected[..10], "a --steps cap");
+    }
+
+    #[test]
+    fn with_a_device_the_producer_copies_the_batches_there_and_the_steps_agree() {
+        let gpu = device::sim(device::SimConfig::new(0)).unwrap();
+        let split = Split::new(&Dataset::iris().unwrap(), 7);
+        let on_device: Vec<(Tensor, Tensor)> = batches(&options(2, 16), &split, 8, Some(&gpu))
+            .unwrap()
+            .map(|b| b.unwrap().get().unwrap().clone())
+            .collect();
+        let host = stream(2, 16, 8);
+        assert_eq!(on_device.len(), host.len());
+        let dims = Dims {
+            inputs: FEATURES,
+            hidden: 8,
+            classes: CLASSES.len(),
+        };
+        for mode in Mode::ALL {
+            let mut copied_in = Trainer::new(mode, dims, 7)
+                .unwrap()
+                .on_device(&gpu)
+                .unwrap();
+            let mut prefetched = Trainer::new(mode, dims, 7)
+                .unwrap()
+                .on_device(&gpu)
+                .unwrap();
+            for ((x, y), (hx, hy)) in on_device.iter().zip(&host) {
+                assert!(x.is_on_device() && y.is_on_device());
+                assert_eq!(&x.to_host().unwrap().to_vec::<f32>().unwrap(), hx);
+                assert_eq!(&y.to_host().unwrap().to_vec::<f32>().unwrap(), hy);
+                let a = copied_in.step(hx, hy, 0.1).unwrap();
+                let b = prefetched.step_on_device(x, y, 0.1).unwrap();
+                assert_eq!(a.to_bits(), b.to_bits(), "{}", mode.name());
+            }
+        }
+    }
 }

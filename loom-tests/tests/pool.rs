@@ -13,6 +13,12 @@
 //! - `set_max_bytes` lowering the limit while a block is allocated: exactly one of the two
 //!   wins, and use never ends above the limit in force.
 //!
+//! Under loom no thread keeps a cache of its own (`pool::local` registers none: loom runs
+//! its threads on one OS thread), so these models check the shared classes, the books and
+//! the registry lock the statistics are summed under. The threads' caches are entered by a
+//! handshake whose barrier is process-wide (`membarrier`), which loom cannot model; the
+//! stress tests of `tests/alloc/threads.rs` and memcheck cover it.
+//!
 //! `Pool::new` builds 113 classes x 16 slots of loom atomics and `trim` (at relief and at
 //! drop) scans them all, so these models raise loom's per-execution branch cap. The
 //! physical limit is off: its RSS estimate is a heuristic re-read from `/proc`, not a
@@ -194,8 +200,9 @@ fn lowering_the_limit_races_an_allocation_safely() {
     check(|| {
         let pool = pool(256);
         drop(pool.allocate(64, 64).unwrap()); // cached: trimmed by the lower limit
+        let lowering_done = Arc::new(AtomicUsize::new(0));
         let allocator = {
-            let pool = pool.clone();
+            let (pool, lowering_done) = (pool.clone(), lowering_done.clone());
             thread::spawn(move || {
                 let block = pool.allocate(128, 64);
                 let ok = block.is_ok();
@@ -204,10 +211,14 @@ fn lowering_the_limit_races_an_allocation_safely() {
                     let limit = pool.limits().0.unwrap();
                     assert!(limit >= 128, "128 bytes live under a limit of {limit}");
                 }
+                // The block stays live until the limit change is over (freed and cached,
+                // it would rightly let a lower limit through).
+                rendezvous(&lowering_done, 2);
                 ok
             })
         };
         let lowered = pool.set_max_bytes(Some(100));
+        rendezvous(&lowering_done, 2);
         let allocated = allocator.join().unwrap();
         match (allocated, &lowered) {
             (true, Err(AllocError::LimitBelowUse { .. })) => {

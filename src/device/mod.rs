@@ -100,7 +100,7 @@ pub(crate) struct Inner {
     pub(crate) backend: Backend,
     pub(crate) counters: stats::Counters,
     pub(crate) pool: pool::DevicePool,
-    pub(crate) staging: Mutex<Option<PinnedBuffer>>,
+    pub(crate) staging: Mutex<Option<pinned::Staging>>,
     pub(crate) host: MemorySource,
     /// Fence tickets issued (one per buffer dropped) and passed: a ticket is passed once an
     /// event recorded after it was issued has completed.
@@ -470,6 +470,24 @@ impl Inner {
             self.fence_passed.fetch_max(covered, Ordering::AcqRel);
         }
         passed
+    }
+}
+
+impl Drop for Inner {
+    /// The last handle is gone, and with it every buffer (each deferred free holds one):
+    /// the staging buffer and the cached buffers go back to the driver, so nothing a
+    /// dropped device took stays allocated.
+    fn drop(&mut self) {
+        let _ = self.backend.synchronize();
+        let staging = self
+            .staging
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(staging) = staging {
+            staging.free(self);
+        }
+        self.trim();
     }
 }
 

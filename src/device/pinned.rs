@@ -5,7 +5,9 @@
 //! Invariant: a pinned buffer's bytes are reserved in its device's host pool (as mirror
 //! memory) before the driver is asked, are zeroed before they are handed out, and are freed
 //! only through epoch reclamation after a fence, so no copy that reads or writes them may
-//! still run.
+//! still run. The device's own staging buffer ([`Staging`]) holds no handle to its device
+//! (that would be a cycle that keeps both alive forever): the device frees it, when it
+//! grows and when the device itself goes, after the synchronous copies that used it.
 
 #![allow(unsafe_code)]
 
@@ -148,5 +150,74 @@ impl Drop for PinnedBuffer {
                 .deferred
                 .fetch_sub(len, std::sync::atomic::Ordering::Relaxed);
         });
+    }
+}
+
+/// The device's staging buffer: pinned memory owned by the device itself, without a handle
+/// back to it. Only synchronous copies use it, under the device's staging lock, so it may
+/// be freed as soon as that lock is held.
+pub(crate) struct Staging {
+    ptr: *mut u8,
+    len: usize,
+    reservation: Option<Reservation<'static>>,
+}
+
+// SAFETY: the staging buffer owns its memory exclusively (like a `Box<[u8]>`) and is only
+// reached under the device's staging lock.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    /// `bytes` (at least one) of pinned memory of `device`, counted in its host pool.
+    pub(crate) fn new(device: &Inner, bytes: usize) -> Result<Staging> {
+        let bytes = bytes.max(1);
+        let reservation = device.host.reserve(bytes, Usage::Mirror)?;
+        let (ptr, _) = device.backend.malloc_pinned(device.ordinal, bytes)?;
+        // SAFETY: `ptr` is a fresh allocation of `bytes` bytes, owned by nobody else yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+        device.counters.pinned.add(bytes);
+        bump(&device.counters.pinned_allocations, 1);
+        Ok(Staging {
+            ptr,
+            len: bytes,
+            reservation: Some(reservation),
+        })
+    }
+
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Its host address (valid for [`Staging::len`] bytes until [`Staging::free`]).
+    pub(crate) fn host_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Its bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised (zeroed by `new`) bytes until
+        // `free`, which takes the buffer by value; writes need `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Its bytes, writable.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Gives the memory back to `device`'s driver and its reservation to the host pool.
+    pub(crate) fn free(mut self, device: &Inner) {
+        // SAFETY: `ptr` came from `malloc_pinned(_, len)` of this backend; every copy that
+        // used it was synchronous and ended before the staging lock was released.
+        let _ = unsafe { device.backend.free_pinned(self.ptr, self.len) };
+        device.counters.pinned.sub(self.len);
+        drop(self.reservation.take());
+    }
+}
+
+impl fmt::Debug for Staging {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Staging").field("len", &self.len).finish()
     }
 }

@@ -238,7 +238,7 @@ impl Inner {
                         };
                         // The timeline's OOM event and the `stats::on_oom` hooks.
                         ndmem_alloc::trace::refused_device(self.ordinal, exhausted.used, &error);
-                        return Err(Error::Alloc(error));
+                        return Err(error.into());
                     }
                     // Flush this device's deferred frees. A thread pinned elsewhere holds
                     // them back only for the length of one operation: keep collecting

@@ -12,7 +12,7 @@ use std::sync::PoisonError;
 
 use ndmem_alloc::trace::{self, EventKind};
 
-use super::pinned::PinnedBuffer;
+use super::pinned::{PinnedBuffer, Staging};
 use super::stats::bump;
 use super::{misuse, BackendKind, Device, DeviceMemory, DeviceMemoryMut};
 use crate::error::Result;
@@ -180,7 +180,7 @@ impl Device {
     fn with_staging<R>(
         &self,
         bytes: usize,
-        f: impl FnOnce(&mut PinnedBuffer) -> Result<R>,
+        f: impl FnOnce(&mut Staging) -> Result<R>,
     ) -> Result<R> {
         let want = bytes.clamp(1, STAGING_BYTES);
         let mut staging = self
@@ -190,10 +190,12 @@ impl Device {
             .unwrap_or_else(PoisonError::into_inner);
         if staging.as_ref().map_or(true, |s| s.len() < want) {
             // Grow to the larger of what is asked and twice the old size, up to the cap.
-            let old = staging.as_ref().map_or(0, PinnedBuffer::len);
+            let old = staging.as_ref().map_or(0, Staging::len);
             let size = want.max(old.saturating_mul(2)).min(STAGING_BYTES);
-            *staging = None;
-            *staging = Some(PinnedBuffer::new(&self.inner, size)?);
+            if let Some(old) = staging.take() {
+                old.free(&self.inner);
+            }
+            *staging = Some(Staging::new(&self.inner, size)?);
         }
         match staging.as_mut() {
             Some(buffer) => f(buffer),

@@ -369,10 +369,10 @@ fn recycle(mut header: Arc<Owned>) {
     *owned.owner_refs.get_mut() = 0;
     let _ = SPARE.try_with(move |s| {
         let mut spare = s.borrow_mut();
-        if spare.len() < SPARE_HEADERS {
-            if spare.capacity() == 0 {
-                spare.reserve_exact(SPARE_HEADERS);
-            }
+        // The list's one allocation may fail at a full heap: then the header is simply
+        // freed, since a free path must never need the heap (semantics §6).
+        let room = spare.capacity() > 0 || spare.try_reserve_exact(SPARE_HEADERS).is_ok();
+        if room && spare.len() < SPARE_HEADERS {
             spare.push(header);
         }
     });

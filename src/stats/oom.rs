@@ -218,7 +218,7 @@ fn refusing_pool(
         .chain(workspaces.iter().map(|(_, _, s)| *s))
         .chain(scopes.iter().map(|(_, s)| *s))
         .map(|s| s.pool())
-        .find(|p| *p as *const Pool as usize == address)
+        .find(|p| p.id() == address)
 }
 
 /// Whether `pool` is the global pool.

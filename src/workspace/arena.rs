@@ -25,7 +25,7 @@ use std::sync::Arc;
 use ndmem_alloc::trace::{self, EventKind, NameId, Space};
 use ndmem_alloc::{AllocError, Usage};
 
-use super::buffer::{claim_path, Buffer, PathClaim};
+use super::buffer::{claim_path, Buffer, FileClaim};
 use super::bump::{dangling, Region};
 use super::config::{DebugMode, LearningPolicy, LocationPolicy, SpillPolicy, WorkspaceConfig};
 use super::ring::Ring;
@@ -93,7 +93,8 @@ pub(crate) struct Arena {
     cycles: Cycles,
     spills: Spills,
     ring: Ring,
-    _claim: Option<PathClaim>,
+    /// The user file of a mapped workspace (its buffers hold the claim too).
+    claim: Option<FileClaim>,
     /// The workspace's name in the timeline recorder (semantics §7).
     trace_name: NameId,
     /// The figures published for other threads (semantics §7).
@@ -132,7 +133,7 @@ impl Arena {
             },
             spills: Spills::default(),
             ring: Ring::new(),
-            _claim: claim,
+            claim,
             trace_name: trace::intern(Space::Workspace, id),
             published: Arc::new(Published::new(id, config.source())),
         };
@@ -185,6 +186,7 @@ impl Arena {
             self.settings.config.source(),
             self.id(),
             self.settings.config.policy_location(),
+            self.claim.as_ref(),
             bytes,
             self.settings.sizing.align,
         )
@@ -204,7 +206,7 @@ impl Arena {
     /// an old ring alive while they need it.
     fn build_ring(&self, shape: RingShape) -> Result<(), Error> {
         let fresh = self.allocate_buffer(shape.buffer)?;
-        self.install(fresh.into_ring(shape.slots));
+        self.install(fresh.into_ring(shape.slots)?);
         self.ring.reset(shape);
         self.cycles.start.set(0);
         Ok(())

@@ -1,6 +1,7 @@
 //! The memory a workspace owns: its buffer (a block of its memory source's pool, or a
 //! mapped file whose bytes are reserved in that pool) or, for circular workspaces, one
-//! spill; and the registry that gives each user file to one workspace of the process.
+//! spill; and the registry that gives each file (by device and inode) to one workspace of
+//! the process, for as long as any of its bytes are reachable.
 //!
 //! Invariant: a [`Buffer`] owns `[base, base + len)` exclusively for its whole life, like a
 //! `Box<[u8]>`: the pool block or the mapping is released only when the `Buffer` drops, so
@@ -15,15 +16,18 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapMut, MmapOptions};
-use ndmem_alloc::{page_size, AllocError, Block, Reservation, Usage};
+use ndmem_alloc::{page_size, AllocError, Block, MemoryKind, Reservation, Usage};
 
 use super::config::LocationPolicy;
 use super::slots::SlotCounts;
 use crate::error::Error;
 use crate::memory::MemorySource;
+
+/// `errno` for a heap that cannot hold a ring's bookkeeping.
+const ENOMEM: i32 = 12;
 
 /// Memory a workspace owns: its buffer, or (circular workspaces) one spill.
 pub(crate) struct Buffer {
@@ -39,8 +43,8 @@ enum Owner {
     Mapped(#[allow(dead_code)] MappedFile),
 }
 
-// SAFETY: a Buffer owns its memory exclusively (a pool block, or a private mapping of a file
-// that only this process's one workspace maps), like a Box<[u8]>; `base` is just its address.
+// SAFETY: a Buffer owns its memory exclusively (a pool block, or a mapping of a file that
+// this buffer's claim gives to one workspace of the process), like a Box<[u8]>; `base` is just its address.
 // Accesses through it are raw-pointer accesses ordered by the workspace protocol (owner
 // thread, or the circular ring discipline), never through `&Buffer`.
 unsafe impl Send for Buffer {}
@@ -50,11 +54,12 @@ unsafe impl Sync for Buffer {}
 
 impl Buffer {
     /// A buffer of at least `len` bytes from `source`, where `location` says, aligned to
-    /// `align`.
+    /// `align`. A user file is mapped under `claim` (the workspace's), or claimed now.
     pub(crate) fn allocate(
         source: MemorySource,
         workspace: &str,
         location: &LocationPolicy,
+        claim: Option<&FileClaim>,
         len: usize,
         align: usize,
     ) -> Result<Buffer, Error> {
@@ -64,7 +69,11 @@ impl Buffer {
                 align.max(16),
                 Usage::Workspace,
             )?)),
-            LocationPolicy::Mmap { path } => map_file(source, workspace, path.as_deref(), len),
+            LocationPolicy::Mmap { path: None } => map_file(source, workspace, None, len),
+            LocationPolicy::Mmap { path: Some(path) } => match claim {
+                Some(claim) => map_file(source, workspace, Some(claim), len),
+                None => map_file(source, workspace, Some(&claim_path(workspace, path)?), len),
+            },
         }
     }
 
@@ -78,10 +87,15 @@ impl Buffer {
         }
     }
 
-    /// The buffer as a ring of `slots` slots, none referenced.
-    pub(crate) fn into_ring(mut self, slots: usize) -> Buffer {
-        self.slots = SlotCounts::new(slots);
-        self
+    /// The buffer as a ring of `slots` slots, none referenced; an error if the heap cannot
+    /// hold the slots' counts.
+    pub(crate) fn into_ring(mut self, slots: usize) -> Result<Buffer, Error> {
+        self.slots = SlotCounts::try_new(slots).ok_or(AllocError::Os {
+            kind: MemoryKind::Host,
+            requested: slots.saturating_mul(std::mem::size_of::<usize>()),
+            errno: ENOMEM,
+        })?;
+        Ok(self)
     }
 
     /// The first byte.
@@ -111,25 +125,12 @@ impl fmt::Debug for Buffer {
     }
 }
 
-/// A mapped file; fields drop in order: unmap, remove the temporary file, release the bytes.
+/// A mapped file; fields drop in order: unmap, then release the claim on the file and the
+/// bytes.
 struct MappedFile {
     _map: MmapMut,
-    _file: FileHandle,
+    _claim: FileClaim,
     _reservation: Reservation<'static>,
-}
-
-/// A file backing a buffer; a temporary one is removed when the handle drops.
-struct FileHandle {
-    path: PathBuf,
-    temporary: bool,
-}
-
-impl Drop for FileHandle {
-    fn drop(&mut self) {
-        if self.temporary {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
 }
 
 fn file_error(workspace: &str, path: &Path, message: impl ToString) -> Error {
@@ -140,15 +141,14 @@ fn file_error(workspace: &str, path: &Path, message: impl ToString) -> Error {
     }
 }
 
-/// Maps `len` bytes (rounded up to pages) of `path`, or of a new temporary file, with the
-/// bytes reserved in `source`'s pool.
+/// Maps `len` bytes (rounded up to pages) of the claimed user file `claim`, or of a new
+/// temporary file without a name, with the bytes reserved in `source`'s pool.
 fn map_file(
     source: MemorySource,
     workspace: &str,
-    path: Option<&Path>,
+    claim: Option<&FileClaim>,
     len: usize,
 ) -> Result<Buffer, Error> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
     let len =
         len.checked_next_multiple_of(page_size())
             .ok_or_else(|| AllocError::InvalidLayout {
@@ -157,63 +157,64 @@ fn map_file(
                 reason: "the size overflows when rounded to whole pages",
             })?;
     let reservation = source.reserve(len, Usage::Workspace)?;
-    let (file, handle) = match path {
-        None => {
-            let path = std::env::temp_dir().join(format!(
-                "ndmem-workspace-{}-{}.bin",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(|e| file_error(workspace, &path, e))?;
-            (
-                file,
-                FileHandle {
-                    path,
-                    temporary: true,
-                },
-            )
-        }
-        Some(path) => (
-            open_user_file(workspace, path)?,
-            FileHandle {
-                path: path.to_path_buf(),
-                temporary: false,
-            },
-        ),
+    let claim = match claim {
+        Some(claim) => claim.clone(),
+        None => temporary_file(workspace)?,
     };
+    let (file, path) = (&claim.0.file, &claim.0.path);
     let current = file
         .metadata()
-        .map_err(|e| file_error(workspace, &handle.path, e))?
+        .map_err(|e| file_error(workspace, path, e))?
         .len();
-    let wanted = u64::try_from(len).map_err(|e| file_error(workspace, &handle.path, e))?;
+    let wanted = u64::try_from(len).map_err(|e| file_error(workspace, path, e))?;
     if current < wanted {
         // Files only ever grow, so older mappings of the same file stay valid.
         file.set_len(wanted)
-            .map_err(|e| file_error(workspace, &handle.path, e))?;
+            .map_err(|e| file_error(workspace, path, e))?;
     }
-    // SAFETY: the file is either new and private to this call (create_new), or a user file
-    // that the path registry gives to this workspace alone within the process; it is at
-    // least `len` bytes long and never shrunk by us. Other processes writing to a user file
-    // concurrently is documented as unsupported (LocationPolicy::Mmap).
-    let mut map = unsafe { MmapOptions::new().len(len).map_mut(&file) }
-        .map_err(|e| file_error(workspace, &handle.path, e))?;
+    // SAFETY: the file (its device and inode, not its name) is claimed for this workspace in
+    // the process-wide registry, and the claim lives in the returned buffer, so no other
+    // workspace maps it while these bytes are reachable; a temporary file has no name at
+    // all. It is at least `len` bytes long and never shrunk by this crate. Changing the
+    // file by other means while it is mapped (truncating it, or writing to it from another
+    // process) is outside the safe API, as documented on `LocationPolicy::Mmap`.
+    let mut map = unsafe { MmapOptions::new().len(len).map_mut(file) }
+        .map_err(|e| file_error(workspace, path, e))?;
     let base = NonNull::new(map.as_mut_ptr())
-        .ok_or_else(|| file_error(workspace, &handle.path, "the mapping is at address 0"))?;
+        .ok_or_else(|| file_error(workspace, path, "the mapping is at address 0"))?;
     Ok(Buffer {
         base,
         len,
         slots: SlotCounts::new(0),
         _owner: Owner::Mapped(MappedFile {
             _map: map,
-            _file: handle,
+            _claim: claim,
             _reservation: reservation,
         }),
     })
+}
+
+/// A new temporary file, claimed, whose name is removed at once: no path can reach it, and
+/// the system frees it when its last descriptor and mapping are gone.
+fn temporary_file(workspace: &str) -> Result<FileClaim, Error> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "ndmem-workspace-{}-{}.bin",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| file_error(workspace, &path, e))?;
+    // Claimed before the name goes, so that while it exists nothing else can map the file.
+    let claim = claim_file(workspace, file, &path);
+    let removed = std::fs::remove_file(&path).map_err(|e| file_error(workspace, &path, e));
+    let claim = claim?;
+    removed?;
+    Ok(claim)
 }
 
 fn open_user_file(workspace: &str, path: &Path) -> Result<File, Error> {
@@ -226,35 +227,63 @@ fn open_user_file(workspace: &str, path: &Path) -> Result<File, Error> {
         .map_err(|e| file_error(workspace, path, e))
 }
 
-/// User files mapped by a workspace of this process, so two workspaces (of any threads)
-/// never share bytes through the same file.
-static MAPPED_PATHS: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
+/// A file's identity: its device and inode, whatever name reaches it.
+type FileId = (u64, u64);
 
-/// Claims `path` for `workspace`; released when the returned claim drops.
-pub(crate) fn claim_path(workspace: &str, path: &Path) -> Result<PathClaim, Error> {
-    open_user_file(workspace, path)?;
-    let canonical = path
-        .canonicalize()
+/// Files mapped by workspaces of this process, by identity, with the workspace that
+/// claimed each, so two workspaces (of any threads) never share bytes through one file.
+static MAPPED_FILES: Mutex<Vec<(FileId, String)>> = Mutex::new(Vec::new());
+
+/// Claims the user file at `path` for `workspace` (opening it, created if needed).
+pub(crate) fn claim_path(workspace: &str, path: &Path) -> Result<FileClaim, Error> {
+    claim_file(workspace, open_user_file(workspace, path)?, path)
+}
+
+/// Claims the open `file` (named `path` in messages) for `workspace`: refused if another
+/// claim on the same device and inode lives.
+fn claim_file(workspace: &str, file: File, path: &Path) -> Result<FileClaim, Error> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file
+        .metadata()
         .map_err(|e| file_error(workspace, path, e))?;
-    let mut paths = MAPPED_PATHS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, owner)) = paths.iter().find(|(p, _)| *p == canonical) {
+    let id = (meta.dev(), meta.ino());
+    let mut files = MAPPED_FILES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, owner)) = files.iter().find(|(f, _)| *f == id) {
         return Err(file_error(
             workspace,
             path,
-            format!("already mapped by workspace [{owner}] in this process; give each workspace its own file"),
+            format!(
+                "already mapped by workspace [{owner}] in this process (the same file, by \
+                 this or another name), or still reachable through its tensors; give each \
+                 workspace its own file"
+            ),
         ));
     }
-    paths.push((canonical.clone(), workspace.to_string()));
-    Ok(PathClaim(canonical))
+    files.push((id, workspace.to_string()));
+    Ok(FileClaim(Arc::new(ClaimedFile {
+        file,
+        id,
+        path: path.to_path_buf(),
+    })))
 }
 
-/// A user file given to one workspace (see [`claim_path`]).
-#[derive(Debug)]
-pub(crate) struct PathClaim(PathBuf);
+/// A file given to one workspace (see [`claim_path`]): the arena holds one, and so does
+/// every buffer mapping the file, so the claim lasts while any tensor or view can reach
+/// the bytes (a ring buffer outlives its workspace while its stamps refer to it). The open
+/// descriptor keeps the inode from being reused meanwhile.
+#[derive(Debug, Clone)]
+pub(crate) struct FileClaim(Arc<ClaimedFile>);
 
-impl Drop for PathClaim {
+#[derive(Debug)]
+struct ClaimedFile {
+    file: File,
+    id: FileId,
+    path: PathBuf,
+}
+
+impl Drop for ClaimedFile {
     fn drop(&mut self) {
-        let mut paths = MAPPED_PATHS.lock().unwrap_or_else(|p| p.into_inner());
-        paths.retain(|(p, _)| *p != self.0);
+        let mut files = MAPPED_FILES.lock().unwrap_or_else(|p| p.into_inner());
+        files.retain(|(f, _)| *f != self.id);
     }
 }

@@ -5,7 +5,7 @@
 //! (or is the default), so the arena never sees an invalid combination: sizes are ordered,
 //! `overallocation_limit` is finite and non-negative, `alignment` is a power of two up to
 //! 4096, mmap workspaces can be sized, and circular workspaces have a ring of at least
-//! two slots when they overallocate.
+//! two slots when they overallocate, and at most [`MAX_RING_SLOTS`].
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -20,6 +20,12 @@ pub const ENV_WORKSPACES: &str = "NDMEM_WORKSPACES";
 
 /// The largest workspace alignment (one page).
 pub const MAX_ALIGNMENT: usize = 4096;
+
+/// The most slots a circular workspace's ring has (semantics §2.1, §2.4): a configuration
+/// asking for more is refused when it is built, and a ring that `min_size` would cut into
+/// more keeps this many (the rest of its buffer unused). The ring's per-slot bookkeeping is
+/// allocated fallibly, but a bound keeps it small.
+pub const MAX_RING_SLOTS: usize = 1024;
 
 /// How a learned or initial buffer size is turned into the buffer that is allocated.
 ///
@@ -87,16 +93,24 @@ pub enum LocationPolicy {
     /// A block of the native pool. ND4J: `LocationPolicy.RAM`.
     #[default]
     Ram,
-    /// A memory-mapped file: a temporary file in [`std::env::temp_dir`] removed when the
-    /// buffer is freed (`path: None`), or the given file, created if needed, grown if
-    /// smaller than the buffer and kept afterwards. ND4J: `LocationPolicy.MMAP`.
+    /// A memory-mapped file: a temporary file without a name (created in
+    /// [`std::env::temp_dir`] and unlinked at once, freed by the system with its last
+    /// mapping) for `path: None`, or the given file, created if needed, grown if smaller
+    /// than the buffer and kept afterwards. ND4J: `LocationPolicy.MMAP`.
     ///
     /// The buffer is `initial_size` (x the overallocation factor) rounded up to whole pages;
     /// its bytes count against the pool's `max_bytes` like a pool block. Within a process a
-    /// file is mapped by one workspace at a time (a second one is refused); writing to the
-    /// file from another process while it is mapped is not supported. Without an
-    /// `initial_size` (which needs `LearningPolicy::None`) there is no file and every
-    /// allocation spills to the pool.
+    /// file (its device and inode, whatever name reaches it: a hard link is the same file)
+    /// is mapped by one workspace at a time, and stays claimed for as long as any tensor or
+    /// view can reach its bytes, even after its workspace is destroyed; another workspace
+    /// asking for it gets [`Error::WorkspaceFile`]. Without an `initial_size` (which needs
+    /// `LearningPolicy::None`) there is no file and every allocation spills to the pool.
+    ///
+    /// **The one way out of the safe API:** the mapping is shared with the file, so
+    /// changing the file by other means while it is mapped (truncating it, with `std::fs`
+    /// or otherwise, or writing it from another process) changes or removes memory that
+    /// tensors are reading: a truncated file kills the process with `SIGBUS`. As with
+    /// `memmap2`, this crate cannot prevent it; don't touch a mapped user file.
     Mmap {
         /// The file to map, or `None` for a temporary file.
         path: Option<PathBuf>,
@@ -337,6 +351,20 @@ impl WorkspaceConfig {
                 ),
             );
         }
+        if self.is_circular()
+            && self.policy_allocation == AllocationPolicy::Overallocate
+            && 1.0 + self.overallocation_limit >= (MAX_RING_SLOTS + 1) as f64
+        {
+            return invalid(
+                "overallocation_limit",
+                format!(
+                    "overallocation_limit {} with policy_reset EndOfBuffer gives a ring of \
+                     floor(1 + limit) slots, more than the {MAX_RING_SLOTS} allowed; use a \
+                     limit below {MAX_RING_SLOTS}",
+                    self.overallocation_limit
+                ),
+            );
+        }
         if self.policy_spill == SpillPolicy::Fail && self.initial_size == 0 {
             return invalid(
                 "policy_spill",
@@ -466,7 +494,7 @@ impl WorkspaceConfigBuilder {
 
 /// A workspace debug mode from `NDMEM_WORKSPACES` (semantics §2.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DebugMode {
+pub enum DebugMode {
     /// Workspaces work normally (variable unset or empty).
     Normal,
     /// Every allocation spills: the buffers are never used.
@@ -475,36 +503,46 @@ pub(crate) enum DebugMode {
     Bypass,
 }
 
-/// Parses a value of `NDMEM_WORKSPACES` (case-insensitive, surrounding spaces ignored).
-pub(crate) fn parse_debug_mode(value: Option<&str>) -> Result<DebugMode, ConfigError> {
-    let Some(value) = value else {
-        return Ok(DebugMode::Normal);
-    };
-    match value.trim().to_ascii_lowercase().as_str() {
-        "" => Ok(DebugMode::Normal),
-        "spill_everything" => Ok(DebugMode::SpillEverything),
-        "bypass" => Ok(DebugMode::Bypass),
-        _ => Err(ConfigError::Invalid {
-            variable: ENV_WORKSPACES.to_string(),
-            message: format!(
-                "{value:?} is not a workspace debug mode (expected spill_everything, bypass, or unset)"
-            ),
-        }),
+impl DebugMode {
+    /// Parses a value of `NDMEM_WORKSPACES` (case-insensitive, surrounding spaces ignored;
+    /// unset or empty means [`DebugMode::Normal`]). Anything else is an error naming the
+    /// variable and the value.
+    pub fn parse(value: Option<&str>) -> Result<DebugMode, ConfigError> {
+        let Some(value) = value else {
+            return Ok(DebugMode::Normal);
+        };
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(DebugMode::Normal),
+            "spill_everything" => Ok(DebugMode::SpillEverything),
+            "bypass" => Ok(DebugMode::Bypass),
+            _ => Err(ConfigError::Invalid {
+                variable: ENV_WORKSPACES.to_string(),
+                message: format!(
+                    "{value:?} is not a workspace debug mode (expected e.g. spill_everything, bypass, or unset)"
+                ),
+            }),
+        }
+    }
+
+    /// The mode `NDMEM_WORKSPACES` asks for now (read from the environment on each call;
+    /// workspaces read it once, at their first use in the process).
+    pub fn from_env() -> Result<DebugMode, ConfigError> {
+        match std::env::var(ENV_WORKSPACES) {
+            Ok(value) => DebugMode::parse(Some(&value)),
+            Err(std::env::VarError::NotPresent) => Ok(DebugMode::Normal),
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
+                variable: ENV_WORKSPACES.to_string(),
+            }),
+        }
     }
 }
 
 /// The process's debug mode, read from the environment once.
 pub(crate) fn debug_mode() -> Result<DebugMode, Error> {
     static MODE: OnceLock<Result<DebugMode, ConfigError>> = OnceLock::new();
-    MODE.get_or_init(|| match std::env::var(ENV_WORKSPACES) {
-        Ok(value) => parse_debug_mode(Some(&value)),
-        Err(std::env::VarError::NotPresent) => Ok(DebugMode::Normal),
-        Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
-            variable: ENV_WORKSPACES.to_string(),
-        }),
-    })
-    .clone()
-    .map_err(Error::Config)
+    MODE.get_or_init(DebugMode::from_env)
+        .clone()
+        .map_err(Error::Config)
 }
 
 #[cfg(test)]
@@ -513,14 +551,14 @@ mod tests {
 
     #[test]
     fn debug_modes_parse_and_garbage_is_named() {
-        assert_eq!(parse_debug_mode(None), Ok(DebugMode::Normal));
-        assert_eq!(parse_debug_mode(Some("")), Ok(DebugMode::Normal));
+        assert_eq!(DebugMode::parse(None), Ok(DebugMode::Normal));
+        assert_eq!(DebugMode::parse(Some("")), Ok(DebugMode::Normal));
         assert_eq!(
-            parse_debug_mode(Some(" Spill_Everything ")),
+            DebugMode::parse(Some(" Spill_Everything ")),
             Ok(DebugMode::SpillEverything)
         );
-        assert_eq!(parse_debug_mode(Some("bypass")), Ok(DebugMode::Bypass));
-        let err = parse_debug_mode(Some("bypas")).unwrap_err().to_string();
+        assert_eq!(DebugMode::parse(Some("bypass")), Ok(DebugMode::Bypass));
+        let err = DebugMode::parse(Some("bypas")).unwrap_err().to_string();
         assert!(
             err.contains(ENV_WORKSPACES) && err.contains("\"bypas\""),
             "{err}"

@@ -43,8 +43,9 @@ mod state;
 mod stats;
 
 pub use config::{
-    AllocationPolicy, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy, SpillPolicy,
-    WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
+    AllocationPolicy, DebugMode, LearningPolicy, LocationPolicy, MirroringPolicy, ResetPolicy,
+    SpillPolicy, WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
+    MAX_RING_SLOTS,
 };
 pub(crate) use manager::all_workspaces_with_source;
 pub(crate) use manager::parent_of_current_is;

@@ -9,7 +9,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::config::WorkspaceConfig;
+use super::config::{WorkspaceConfig, MAX_RING_SLOTS};
 
 /// Margin on a circular workspace's first cycle when its slot size is learned (semantics §2.4).
 pub(crate) const CIRCULAR_SLOT_MARGIN: f64 = 1.3;
@@ -144,13 +144,13 @@ pub(crate) struct RingShape {
 }
 
 impl RingShape {
-    /// A ring of `buffer` bytes cut in slots of `slot_bytes` (at most `buffer`); `None`
-    /// when that is empty.
+    /// A ring of `buffer` bytes cut in slots of `slot_bytes` (at most `buffer`), at most
+    /// [`MAX_RING_SLOTS`] of them; `None` when that is empty.
     pub(crate) fn new(slot_bytes: usize, buffer: usize) -> Option<RingShape> {
         let slot_bytes = slot_bytes.min(buffer);
         (slot_bytes > 0).then(|| RingShape {
             slot_bytes,
-            slots: buffer / slot_bytes,
+            slots: (buffer / slot_bytes).min(MAX_RING_SLOTS),
             buffer,
         })
     }
@@ -263,6 +263,11 @@ mod tests {
                 buffer: 100
             }),
             "a slot never exceeds its buffer"
+        );
+        assert_eq!(
+            RingShape::new(1, 16 << 20).map(|r| r.slots),
+            Some(MAX_RING_SLOTS),
+            "the slot count is bounded"
         );
     }
 

@@ -29,6 +29,17 @@ impl SlotCounts {
         }
     }
 
+    /// `slots` counts at 0, or `None` if the heap cannot hold them (the count comes from a
+    /// configuration, so the bookkeeping is allocated fallibly).
+    pub fn try_new(slots: usize) -> Option<SlotCounts> {
+        let mut counts = Vec::new();
+        counts.try_reserve_exact(slots).ok()?;
+        counts.extend((0..slots).map(|_| AtomicUsize::new(0)));
+        Some(SlotCounts {
+            counts: counts.into_boxed_slice(),
+        })
+    }
+
     /// Adds a reference to `slot`. Called by the owner thread only, when it starts a
     /// cycle in a slot it has just seen free (the only reader of the counts' zero is that
     /// same thread, and it is not looking while it holds the new reference).

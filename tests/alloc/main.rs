@@ -16,6 +16,7 @@ mod environment;
 mod errors;
 mod limits;
 mod reclaimers;
+mod threads;
 
 use ndmem_alloc::{Limits, Pool, PoolStats};
 

@@ -70,3 +70,36 @@ fn a_refusal_with_reclaimers_allocates_nothing_on_the_heap() {
     assert!(matches!(err, AllocError::OutOfMemory { .. }), "{err:?}");
     assert_eq!(after - before, 0, "heap allocations on the OOM path");
 }
+
+/// A reclaimer that panics fails the request with an error value; the panic does not
+/// unwind out of the pool, which stays usable.
+#[test]
+fn a_panicking_reclaimer_fails_the_request_with_an_error() {
+    let pool = pool_with(8 * MIB);
+    pool.register_reclaimer(|| panic!("the reclaimer broke"));
+    let held = pool.allocate(6 * MIB, 64).unwrap();
+    let err = pool.allocate(4 * MIB, 64).unwrap_err();
+    match &err {
+        AllocError::ReclaimerPanicked {
+            requested, message, ..
+        } => {
+            assert_eq!(*requested, 4 * MIB);
+            assert_eq!(message, "the reclaimer broke");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        err.to_string()
+            .contains("a reclaimer registered with the pool panicked: the reclaimer broke"),
+        "{err}"
+    );
+    let s = pool.stats();
+    assert_eq!((s.failed_allocations, s.live_bytes), (1, held.capacity()));
+    drop(held);
+    // The reclaimer still panics at the limit, so make room without it.
+    pool.trim();
+    assert!(
+        pool.allocate(4 * MIB, 64).is_ok(),
+        "the pool is still usable"
+    );
+}

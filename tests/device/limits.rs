@@ -84,7 +84,10 @@ fn the_limit_is_exact_from_four_threads() {
                             assert!(gpu.stats().used_bytes <= LIMIT);
                             held.push(b);
                         }
-                        Err(Error::Alloc(AllocError::OutOfMemory { kind, limit, .. })) => {
+                        Err(Error::OutOfMemory { report }) => {
+                            let AllocError::OutOfMemory { kind, limit, .. } = report.error else {
+                                panic!("{report:?}");
+                            };
                             assert_eq!(kind, MemoryKind::Device(1));
                             assert_eq!(limit, LIMIT);
                             refused.fetch_add(1, Ordering::SeqCst);
@@ -145,14 +148,14 @@ fn out_of_memory_names_the_device_and_what_holds_its_memory() {
     assert!(msg.contains("NDMEM_MAX_DEVICE_BYTES"), "{msg}");
     assert!(msg.contains("workspaces 256.0 KiB"), "{msg}");
     assert!(msg.contains("tensors 512.0 KiB"), "{msg}");
-    match err {
-        Error::Alloc(AllocError::OutOfMemory {
+    match err.alloc_error() {
+        Some(&AllocError::OutOfMemory {
             kind,
             used,
             limit,
             requested,
             ..
-        }) => {
+        }) if matches!(err, Error::OutOfMemory { .. }) => {
             assert_eq!(kind, MemoryKind::Device(3));
             assert_eq!((used, limit, requested), (768 << 10, 1 << 20, 512 << 10));
         }

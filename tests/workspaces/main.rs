@@ -14,6 +14,7 @@ mod allocator;
 mod circular;
 mod config;
 mod debug_modes;
+mod files;
 mod learning;
 mod lifecycle;
 mod location;

@@ -56,11 +56,13 @@ impl<'p> Block<'p> {
     }
 
     /// The first byte, aligned as requested.
+    #[inline]
     pub fn ptr(&self) -> NonNull<u8> {
         self.ptr
     }
 
     /// Bytes requested.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -71,6 +73,7 @@ impl<'p> Block<'p> {
     }
 
     /// Bytes the block really occupies (its size class), all usable.
+    #[inline]
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -86,6 +89,7 @@ impl<'p> Block<'p> {
     }
 
     /// The requested bytes.
+    #[inline]
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the block owns `capacity >= len` initialised bytes at `ptr` for its whole
         // life, and `&self` forbids concurrent mutation.
@@ -93,6 +97,7 @@ impl<'p> Block<'p> {
     }
 
     /// The requested bytes, mutably.
+    #[inline]
     pub fn as_slice_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
@@ -118,6 +123,7 @@ impl fmt::Debug for Block<'_> {
 }
 
 impl Drop for Block<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.pool.release(self.ptr, self.capacity, self.usage);
     }

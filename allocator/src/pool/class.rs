@@ -19,6 +19,7 @@ pub(super) const MAX_CLASS: usize = 1 << 30;
 pub(super) const NUM_CLASSES: usize = 1 + (MAX_CLASS.trailing_zeros() as usize - 6) * 4;
 
 /// The size class serving `bytes`, or `None` above the largest class.
+#[inline]
 pub(super) fn class_of(bytes: usize) -> Option<usize> {
     if bytes <= MIN_CLASS {
         return Some(0);
@@ -33,6 +34,7 @@ pub(super) fn class_of(bytes: usize) -> Option<usize> {
 }
 
 /// Bytes of a block of class `class`.
+#[inline]
 pub(super) fn class_size(class: usize) -> usize {
     if class == 0 {
         return MIN_CLASS;
@@ -44,6 +46,7 @@ pub(super) fn class_size(class: usize) -> usize {
 
 /// The cache class of a block of `capacity` bytes: `None` for blocks mapped exactly (above
 /// the largest class), which are never cached.
+#[inline]
 pub(super) fn cached_class(capacity: usize) -> Option<usize> {
     class_of(capacity)
 }
@@ -57,6 +60,7 @@ pub(super) fn natural_align(capacity: usize) -> usize {
 }
 
 /// The capacity serving `size` bytes at `align`, or why the request is invalid.
+#[inline]
 pub(super) fn capacity_for(size: usize, align: usize) -> Result<usize, AllocError> {
     if size == 0 {
         return Err(invalid(size, align, "zero-size allocations are not served"));

@@ -1,29 +1,45 @@
 //! The native pool: tensor and workspace memory outside the Rust heap, with exact limits.
 //!
-//! Invariant: every byte the pool holds (live blocks *and* its cache of freed blocks) is
+//! Invariant: every byte the pool holds (live blocks *and* its caches of freed blocks) is
 //! reserved in the off-heap [`Budget`] before the OS is asked for it, and released only after
 //! it went back to the OS, so `used = live + cached <= max_bytes` at every instant. Blocks are
-//! rounded up to size classes (four per power of two, at most 25% slack; see `class`) and
-//! every class keeps up to [`SLOTS_PER_CLASS`] freed blocks in a lock-free [`Slots`] cache,
-//! so a loop that frees and reallocates the same shapes touches neither the OS nor a lock.
+//! rounded up to size classes (four per power of two, at most 25% slack; see `class`).
+//!
+//! Freed blocks are cached at two levels, both reserved in the budget. Each thread keeps its
+//! own cache per pool (`local`): a free list per class, bounded by bytes, not by a count: up
+//! to a quarter of `max_bytes` per thread (a quarter of the installed RAM when the pool is
+//! unlimited), so a loop that frees and reallocates the same shapes, a thousand blocks at a
+//! time, touches neither the OS, nor a lock, nor a cache line another thread writes. What
+//! does not fit goes to the shared classes, [`SLOTS_PER_CLASS`] blocks each in a lock-free
+//! [`Slots`], and the rest back to the OS. A thread's cache goes back to the shared classes
+//! when the thread exits, and every thread's cache is recalled (to the OS) by [`Pool::trim`],
+//! by a limit lowered below use, and at a limit before a request fails. The statistics are
+//! summed from per-thread tallies when read, so they are exact when no request is in flight.
+//!
+//! A [`Pool`] is a handle on an `Arc`-ed core: a thread's cache keeps the core alive, so a
+//! pool may be dropped before the threads that used it exit (dropping it empties their
+//! caches to the OS; they drop their entries for it later).
+//!
 //! Classes of 256 KiB and more come from `mmap` (page-aligned, zero-filled), smaller ones
 //! from `posix_memalign` (see `os`); blocks above 1 GiB are mapped exactly and never cached.
 //!
 //! The parts: `class` (size arithmetic), `os` (the system calls), `stats` (the books and
-//! [`PoolStats`]), `block` ([`Block`] and [`Reservation`], which give themselves back on
-//! drop), `reclaim` (callbacks run at a limit), and the [`Pool`] here, which ties them to
-//! the budget and the limits.
+//! [`PoolStats`]), `local` (the threads' caches and tallies), `block` ([`Block`] and
+//! [`Reservation`], which give themselves back on drop), `reclaim` (callbacks run at a
+//! limit), and the [`Pool`] here, which ties them to the budget and the limits.
 
 #![allow(unsafe_code)]
 
 mod block;
 mod class;
+mod local;
 mod os;
 mod reclaim;
 mod stats;
 
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
 #[cfg(not(ndmem_loom))]
 use std::sync::OnceLock;
 
@@ -32,7 +48,7 @@ use crate::error::{AllocError, ConfigError, MemoryKind};
 use crate::limits::Limits;
 #[cfg(not(ndmem_loom))]
 use crate::limits::{ENV_MAX_BYTES, ENV_MAX_PHYSICAL_BYTES};
-use crate::physical::physical_bytes;
+use crate::physical::{physical_bytes, physical_ram};
 use crate::slots::Slots;
 use crate::sync::{AtomicUsize, Ordering};
 use crate::trace::EventKind;
@@ -42,21 +58,35 @@ pub use class::MAX_ALIGN;
 pub use stats::{PoolStats, Usage};
 
 use class::{cached_class, capacity_for, class_size, invalid, NUM_CLASSES};
+use local::Registry;
 use os::thread_id;
 use reclaim::Reclaimers;
 use stats::Books;
 
-/// Freed blocks each size class keeps for reuse.
+/// Freed blocks each shared size class keeps for reuse (the threads' own caches are
+/// bounded by bytes instead).
 pub const SLOTS_PER_CLASS: usize = 16;
 /// New OS memory after which the physical check re-reads the RSS.
 const RSS_RECHECK: usize = 1 << 20;
 
+/// Bytes each thread may keep in its own cache of a pool limited to `limit`: a quarter of
+/// the limit, or of the installed RAM when unlimited.
+fn thread_cache_bound(limit: Option<usize>) -> usize {
+    limit.unwrap_or_else(physical_ram) / 4
+}
+
 /// A native memory pool with an off-heap and a physical limit.
 pub struct Pool {
+    core: Arc<Core>,
+}
+
+/// What a pool is: shared with the threads that cache its blocks.
+struct Core {
     budget: Budget,
     max_physical: AtomicUsize,
     classes: Box<[Slots<SLOTS_PER_CLASS>]>,
     books: Books,
+    local: Registry,
     rss_hint: AtomicUsize,
     os_since_rss: AtomicUsize,
     reclaimers: Reclaimers,
@@ -90,11 +120,13 @@ impl Pool {
                 Ok(limits) => (limits, None),
                 Err(e) => (Limits::builder().build(), Some(e)),
             };
-            let mut pool = Pool::new(limits);
-            pool.config_error = error;
-            pool.bytes_variable = ENV_MAX_BYTES;
-            pool.physical_variable = ENV_MAX_PHYSICAL_BYTES;
-            pool
+            let mut core = Core::new(limits);
+            core.config_error = error;
+            core.bytes_variable = ENV_MAX_BYTES;
+            core.physical_variable = ENV_MAX_PHYSICAL_BYTES;
+            Pool {
+                core: Arc::new(core),
+            }
         })
     }
 
@@ -102,7 +134,7 @@ impl Pool {
     #[cfg(not(ndmem_loom))]
     pub fn try_global() -> Result<&'static Pool, ConfigError> {
         let pool = Pool::global();
-        match &pool.config_error {
+        match &pool.core.config_error {
             Some(e) => Err(e.clone()),
             None => Ok(pool),
         }
@@ -111,31 +143,25 @@ impl Pool {
     /// An independent pool with its own limits and cache (tests, embedding).
     pub fn new(limits: Limits) -> Pool {
         Pool {
-            budget: Budget::new(limits.max_bytes),
-            max_physical: AtomicUsize::new(limits.max_physical_bytes.unwrap_or(UNLIMITED)),
-            classes: (0..NUM_CLASSES).map(|_| Slots::default()).collect(),
-            books: Books::new(),
-            rss_hint: AtomicUsize::new(physical_bytes()),
-            os_since_rss: AtomicUsize::new(0),
-            reclaimers: Reclaimers::new(),
-            config_error: None,
-            bytes_variable: "Limits::max_bytes of this pool",
-            physical_variable: "Limits::max_physical_bytes of this pool",
+            core: Arc::new(Core::new(limits)),
         }
     }
 
     /// A block of at least `size` bytes aligned to `align` (a power of two up to 4096).
     /// Its bytes are initialised but their values are unspecified.
+    #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<Block<'_>, AllocError> {
         self.allocate_for(size, align, Usage::Other)
     }
 
     /// [`Pool::allocate`] with every byte zero.
+    #[inline]
     pub fn allocate_zeroed(&self, size: usize, align: usize) -> Result<Block<'_>, AllocError> {
         self.allocate_zeroed_for(size, align, Usage::Other)
     }
 
     /// [`Pool::allocate`] recording what the block is for.
+    #[inline]
     pub fn allocate_for(
         &self,
         size: usize,
@@ -146,6 +172,7 @@ impl Pool {
     }
 
     /// [`Pool::allocate_zeroed`] recording what the block is for.
+    #[inline]
     pub fn allocate_zeroed_for(
         &self,
         size: usize,
@@ -165,12 +192,16 @@ impl Pool {
         if bytes > isize::MAX as usize {
             return Err(invalid(bytes, 1, "the size does not fit in isize"));
         }
-        self.check_config()?;
-        self.take_budget(bytes, bytes, None)?;
-        self.books.live(bytes, usage);
+        let core = &*self.core;
+        core.check_config()?;
+        core.take_budget(bytes, bytes, None)?;
+        core.count_live(bytes, usage, false);
         Ok(Reservation::new(bytes, usage, self))
     }
 
+    /// The fast path, inlined into callers: this thread's own cache, one thread-local
+    /// lookup; everything else is [`Pool::allocate_slow`].
+    #[inline(always)]
     fn allocate_inner(
         &self,
         size: usize,
@@ -179,46 +210,283 @@ impl Pool {
         zeroed: bool,
     ) -> Result<Block<'_>, AllocError> {
         let capacity = capacity_for(size, align)?;
-        self.check_config()?;
+        let core = &*self.core;
+        core.check_config()?;
+        if let Some(class) = cached_class(capacity) {
+            let hit = local::with_slot(core, |slot| {
+                let ptr = slot.take(class, capacity)?;
+                slot.live(&core.books, core.local.epoch(), capacity, usage, true);
+                Some(ptr)
+            });
+            if let Some(Some(ptr)) = hit {
+                return Ok(self.block(ptr, size, capacity, usage, zeroed, false));
+            }
+        }
+        self.allocate_slow(size, capacity, usage, zeroed)
+    }
+
+    /// A block from the shared classes or the OS (registering this thread's cache first if
+    /// it has none).
+    #[inline(never)]
+    fn allocate_slow(
+        &self,
+        size: usize,
+        capacity: usize,
+        usage: Usage,
+        zeroed: bool,
+    ) -> Result<Block<'_>, AllocError> {
+        let core = &*self.core;
         let class = cached_class(capacity);
-        let (ptr, fresh) = match class.and_then(|c| self.take_cached(c, capacity)) {
+        if class.is_some() && local::with_slot(core, |_| ()).is_none() {
+            local::register(&self.core);
+        }
+        let (ptr, fresh) = match class.and_then(|c| core.take_shared(c, capacity)) {
             Some(ptr) => (ptr, false),
-            None => match self.take_budget(capacity, size, class)? {
+            None => match core.take_budget(capacity, size, class)? {
                 Some(ptr) => (ptr, false),
-                None => (self.os_alloc(capacity, size)?, true),
+                None => (core.os_alloc(capacity, size)?, true),
             },
         };
-        self.books.live(capacity, usage);
-        if crate::trace::is_on() {
-            let (pool, held) = (self as *const Pool as usize, self.budget.used());
-            crate::trace::record_pool(EventKind::Alloc, pool, capacity, held);
-        }
+        core.count_live(capacity, usage, !fresh);
+        Ok(self.block(ptr, size, capacity, usage, zeroed, fresh))
+    }
+
+    #[inline]
+    fn block(
+        &self,
+        ptr: NonNull<u8>,
+        size: usize,
+        capacity: usize,
+        usage: Usage,
+        zeroed: bool,
+        fresh: bool,
+    ) -> Block<'_> {
         // SAFETY: `ptr` is a block of exactly `capacity` bytes of this pool (its class's
-        // size, from the cache of that class or fresh from the OS), owned by this call alone
-        // (a cached pointer leaves its slot through one `swap`), with every byte initialised
-        // (zeroed by the OS path, written by previous owners since); `size <= capacity`.
+        // size, from a cache of that class or fresh from the OS), owned by this call alone
+        // (a cached pointer leaves a thread's list inside the slot's handshake, and a shared
+        // slot through one `swap`), with every byte initialised (zeroed by the OS path,
+        // written by previous owners since); `size <= capacity`.
         let mut block = unsafe { Block::new(ptr, size, capacity, usage, self) };
         if zeroed && !fresh {
             block.zero();
         }
-        Ok(block)
+        if crate::trace::is_on() {
+            self.core.traced(EventKind::Alloc, capacity);
+        }
+        block
     }
 
-    fn check_config(&self) -> Result<(), AllocError> {
-        match &self.config_error {
-            Some(e) => Err(AllocError::Config(e.clone())),
-            None => Ok(()),
+    /// An identity for this pool, stable for its life and unique among live pools (the
+    /// address of its shared state): the key trace events and refusals name it by.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.core) as usize
+    }
+
+    /// Registers a callback run when an allocation reaches a limit, before the caches are
+    /// released and the allocation retried once. It returns the bytes it freed.
+    ///
+    /// A reclaimer may allocate from the pool; if that allocation reaches a limit too, the
+    /// reclaimers are not run again for it (no recursion). A reclaimer that panics fails
+    /// the request it ran for with [`AllocError::ReclaimerPanicked`]; the panic does not
+    /// unwind out of the pool.
+    pub fn register_reclaimer(&self, reclaim: impl Fn() -> usize + Send + Sync + 'static) {
+        self.core.reclaimers.register(reclaim);
+    }
+
+    /// Takes a block back: into this thread's cache while it is within its bound, else
+    /// into its class's shared slots if one is free, else to the OS. A cached block stays
+    /// reserved, so the caches can never push the pool past its limit; at the limit they
+    /// are released before anything fails.
+    #[inline]
+    fn release(&self, ptr: NonNull<u8>, capacity: usize, usage: Usage) {
+        let core = &*self.core;
+        if crate::trace::is_on() {
+            core.traced(EventKind::Free, capacity);
+        }
+        let class = cached_class(capacity);
+        let kept = local::with_slot(core, |slot| {
+            slot.freed(&core.books, capacity, usage);
+            class.is_some_and(|c| slot.keep(c, ptr, capacity, core.local.bound()))
+        });
+        match kept {
+            Some(true) => return,
+            Some(false) => {}
+            None => core.books.freed(capacity, usage),
+        }
+        core.release_shared(ptr, capacity);
+    }
+
+    /// Takes a [`Reservation`] of `bytes` back.
+    fn release_reservation(&self, bytes: usize, usage: Usage) {
+        let core = &*self.core;
+        if local::with_slot(core, |slot| slot.freed(&core.books, bytes, usage)).is_none() {
+            core.books.freed(bytes, usage);
+        }
+        core.budget.release(bytes);
+    }
+
+    /// Returns every cached block, the threads' caches included, to the OS; returns the
+    /// bytes released.
+    pub fn trim(&self) -> usize {
+        self.core.trim()
+    }
+
+    /// Changes the off-heap limit; `None` or `Some(0)` means unlimited (as `0` does in
+    /// `NDMEM_MAX_BYTES`, and as in [`crate::heap::set_limit`]).
+    ///
+    /// A limit below the bytes held outside the caches (live blocks and reservations) is
+    /// refused before anything is touched, so a refused limit changes nothing: not the
+    /// limit, not the caches. A limit that fits once the caches are released releases them
+    /// first, every thread's included. (If other threads allocate meanwhile, the limit can
+    /// still be refused after the caches were released; it is never applied below what is
+    /// reserved.)
+    pub fn set_max_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
+        let core = &*self.core;
+        let limit = limit.filter(|l| *l > 0);
+        let below_use = |limit: usize, used: usize| AllocError::LimitBelowUse {
+            what: "the pool's max_bytes",
+            limit,
+            used,
+        };
+        if let Some(l) = limit {
+            let (used, cached) = core.local.summed(&core.books, |f| {
+                (core.budget.used(), f.cached + f.thread_cached)
+            });
+            let held = used.saturating_sub(cached);
+            if l < held {
+                return Err(below_use(l, held));
+            }
+            if l < used {
+                core.trim();
+            }
+        }
+        core.budget
+            .set_limit(limit)
+            .map_err(|e| below_use(e.limit, e.used))?;
+        core.local.set_bound(thread_cache_bound(limit));
+        Ok(())
+    }
+
+    /// Changes the physical limit; `None` or `Some(0)` means unlimited. Refused below the
+    /// current RSS.
+    pub fn set_max_physical_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
+        let limit = limit.filter(|l| *l > 0);
+        let rss = physical_bytes();
+        if let Some(l) = limit.filter(|l| *l < rss) {
+            return Err(AllocError::LimitBelowUse {
+                what: "the pool's max_physical_bytes",
+                limit: l,
+                used: rss,
+            });
+        }
+        self.core
+            .max_physical
+            .store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The limits this pool enforces now.
+    pub fn limits(&self) -> (Option<usize>, Option<usize>) {
+        let physical = self.core.max_physical.load(Ordering::Relaxed);
+        (
+            self.core.budget.limit(),
+            (physical < UNLIMITED).then_some(physical),
+        )
+    }
+
+    /// A snapshot of the pool's counters: the threads' tallies are summed when read, so
+    /// the figures are exact whenever no allocation or free is in flight, whichever thread
+    /// reads them. The peak of live bytes is exact when one thread allocates, and within
+    /// 4 MiB per other thread allocating at the same time.
+    pub fn stats(&self) -> PoolStats {
+        let core = &*self.core;
+        let physical = core.max_physical.load(Ordering::Relaxed);
+        let stats = core.local.summed(&core.books, |f| core.books.stats(&f));
+        PoolStats {
+            used_bytes: core.budget.used(),
+            peak_used_bytes: core.budget.peak(),
+            limit_bytes: core.budget.limit(),
+            physical_bytes: physical_bytes(),
+            physical_limit_bytes: (physical < UNLIMITED).then_some(physical),
+            ..stats
         }
     }
 
-    fn take_cached(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
+    /// Restarts both peaks from the current figures.
+    pub fn reset_peak(&self) {
+        let core = &*self.core;
+        core.local.summed(&core.books, |f| {
+            core.local.reset_epoch();
+            core.books.reset_peak(f.live());
+        });
+        core.budget.reset_peak();
+    }
+}
+
+impl Core {
+    /// This pool's identity ([`Pool::id`]).
+    fn id(&self) -> usize {
+        self as *const Core as usize
+    }
+
+    /// Records a pool event of `bytes` in the trace, with the bytes the pool holds after it.
+    #[cold]
+    fn traced(&self, kind: EventKind, bytes: usize) {
+        crate::trace::record_pool(kind, self.id(), bytes, self.budget.used());
+    }
+
+    fn new(limits: Limits) -> Core {
+        Core {
+            budget: Budget::new(limits.max_bytes),
+            max_physical: AtomicUsize::new(limits.max_physical_bytes.unwrap_or(UNLIMITED)),
+            classes: (0..NUM_CLASSES).map(|_| Slots::default()).collect(),
+            books: Books::new(),
+            local: Registry::new(thread_cache_bound(limits.max_bytes)),
+            rss_hint: AtomicUsize::new(physical_bytes()),
+            os_since_rss: AtomicUsize::new(0),
+            reclaimers: Reclaimers::new(),
+            config_error: None,
+            bytes_variable: "Limits::max_bytes of this pool",
+            physical_variable: "Limits::max_physical_bytes of this pool",
+        }
+    }
+
+    #[inline(always)]
+    fn check_config(&self) -> Result<(), AllocError> {
+        match &self.config_error {
+            None => Ok(()),
+            Some(e) => Err(config_failure(e)),
+        }
+    }
+
+    /// Counts a block or reservation of `bytes` live, in this thread's tally if it has one.
+    fn count_live(&self, bytes: usize, usage: Usage, hit: bool) {
+        let epoch = self.local.epoch();
+        if local::with_slot(self, |slot| {
+            slot.live(&self.books, epoch, bytes, usage, hit)
+        })
+        .is_none()
+        {
+            self.books.live(bytes, usage, hit);
+        }
+    }
+
+    /// A block of `class` from the shared slots.
+    fn take_shared(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
         let ptr = NonNull::new(self.classes[class].pop()?)?;
-        self.books.cache_hit(capacity);
+        self.books.uncached(capacity);
         Some(ptr)
     }
 
+    /// A block of `class` from this thread's cache or the shared slots.
+    fn take_cached(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
+        local::with_slot(self, |slot| slot.take(class, capacity))
+            .flatten()
+            .or_else(|| self.take_shared(class, capacity))
+    }
+
     /// Reserves `capacity` bytes of budget for new OS memory, relieving pressure once at a
-    /// limit. If relief put a block of `class` into the cache, returns that block instead
+    /// limit. If relief put a block of `class` into a cache, returns that block instead
     /// (its budget is already counted).
     fn take_budget(
         &self,
@@ -240,13 +508,19 @@ impl Pool {
             };
             if relieved {
                 self.books.failure();
-                let pool = self as *const Pool as usize;
-                crate::trace::refused(pool, self.budget.used(), &refusal);
+                crate::trace::refused(self.id(), self.budget.used(), &refusal);
                 return Err(refusal);
             }
             relieved = true;
             crate::trace::count_retry();
-            self.reclaimers.run(self as *const Pool as usize);
+            if let Err(message) = self.reclaimers.run(self as *const Core as usize) {
+                self.books.failure();
+                return Err(AllocError::ReclaimerPanicked {
+                    kind: MemoryKind::Host,
+                    requested,
+                    message,
+                });
+            }
             if let Some(ptr) = class.and_then(|c| self.take_cached(c, capacity)) {
                 return Ok(Some(ptr));
             }
@@ -275,24 +549,9 @@ impl Pool {
         }
     }
 
-    /// Registers a callback run when an allocation reaches a limit, before the cache is
-    /// released and the allocation retried once. It returns the bytes it freed.
-    ///
-    /// A reclaimer may allocate from the pool; if that allocation reaches a limit too, the
-    /// reclaimers are not run again for it (no recursion).
-    pub fn register_reclaimer(&self, reclaim: impl Fn() -> usize + Send + Sync + 'static) {
-        self.reclaimers.register(reclaim);
-    }
-
-    /// Takes a block back: into its class's cache if a slot is free, else to the OS. A
-    /// cached block stays reserved, so the cache can never push the pool past its limit;
-    /// at the limit it is released before anything fails.
-    fn release(&self, ptr: NonNull<u8>, capacity: usize, usage: Usage) {
-        self.books.freed(capacity, usage);
-        if crate::trace::is_on() {
-            let (pool, held) = (self as *const Pool as usize, self.budget.used());
-            crate::trace::record_pool(EventKind::Free, pool, capacity, held);
-        }
+    /// A block the caller owns (counted freed already) goes into its class's shared slots
+    /// if one is free, else to the OS.
+    fn release_shared(&self, ptr: NonNull<u8>, capacity: usize) {
         if let Some(class) = cached_class(capacity) {
             // Counted before the push so a racing pop can never take the count below zero.
             self.books.caching(capacity);
@@ -304,14 +563,16 @@ impl Pool {
         self.os_free(ptr, capacity);
     }
 
-    /// Takes a [`Reservation`] of `bytes` back.
-    fn release_reservation(&self, bytes: usize, usage: Usage) {
-        self.books.freed(bytes, usage);
-        self.budget.release(bytes);
+    /// Returns every cached block, the threads' caches first, to the OS.
+    fn trim(&self) -> usize {
+        let recalled = self
+            .local
+            .recall(|block, class| self.os_free(block, class_size(class)));
+        recalled + self.trim_shared()
     }
 
-    /// Returns every cached block to the OS; returns the bytes released.
-    pub fn trim(&self) -> usize {
+    /// Returns the blocks of the shared slots to the OS.
+    fn trim_shared(&self) -> usize {
         let mut released = 0;
         for (class, slots) in self.classes.iter().enumerate() {
             let capacity = class_size(class);
@@ -326,81 +587,6 @@ impl Pool {
         released
     }
 
-    /// Changes the off-heap limit; `None` or `Some(0)` means unlimited (as `0` does in
-    /// `NDMEM_MAX_BYTES`, and as in [`crate::heap::set_limit`]).
-    ///
-    /// A limit below the bytes held outside the cache (live blocks and reservations) is
-    /// refused before anything is touched, so a refused limit changes nothing: not the
-    /// limit, not the cache. A limit that fits once the cache is released releases the
-    /// cache first. (If other threads allocate meanwhile, the limit can still be refused
-    /// after the cache was released; it is never applied below what is reserved.)
-    pub fn set_max_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
-        let limit = limit.filter(|l| *l > 0);
-        let below_use = |limit: usize, used: usize| AllocError::LimitBelowUse {
-            what: "the pool's max_bytes",
-            limit,
-            used,
-        };
-        if let Some(l) = limit {
-            let used = self.budget.used();
-            let held = used.saturating_sub(self.books.cached());
-            if l < held {
-                return Err(below_use(l, held));
-            }
-            if l < used {
-                self.trim();
-            }
-        }
-        self.budget
-            .set_limit(limit)
-            .map_err(|e| below_use(e.limit, e.used))
-    }
-
-    /// Changes the physical limit; `None` or `Some(0)` means unlimited. Refused below the
-    /// current RSS.
-    pub fn set_max_physical_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
-        let limit = limit.filter(|l| *l > 0);
-        let rss = physical_bytes();
-        if let Some(l) = limit.filter(|l| *l < rss) {
-            return Err(AllocError::LimitBelowUse {
-                what: "the pool's max_physical_bytes",
-                limit: l,
-                used: rss,
-            });
-        }
-        self.max_physical
-            .store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// The limits this pool enforces now.
-    pub fn limits(&self) -> (Option<usize>, Option<usize>) {
-        let physical = self.max_physical.load(Ordering::Relaxed);
-        (
-            self.budget.limit(),
-            (physical < UNLIMITED).then_some(physical),
-        )
-    }
-
-    /// A snapshot of the pool's counters.
-    pub fn stats(&self) -> PoolStats {
-        let physical = self.max_physical.load(Ordering::Relaxed);
-        PoolStats {
-            used_bytes: self.budget.used(),
-            peak_used_bytes: self.budget.peak(),
-            limit_bytes: self.budget.limit(),
-            physical_bytes: physical_bytes(),
-            physical_limit_bytes: (physical < UNLIMITED).then_some(physical),
-            ..self.books.stats()
-        }
-    }
-
-    /// Restarts both peaks from the current figures.
-    pub fn reset_peak(&self) {
-        self.books.reset_peak();
-        self.budget.reset_peak();
-    }
-
     fn out_of_memory(&self, requested: usize, used: usize, limit: usize) -> AllocError {
         AllocError::OutOfMemory {
             kind: MemoryKind::Host,
@@ -408,7 +594,7 @@ impl Pool {
             thread: thread_id(),
             used,
             limit,
-            holders: self.books.holders(),
+            holders: self.local.summed(&self.books, |f| f.holders()),
             variable: self.bytes_variable,
         }
     }
@@ -449,16 +635,27 @@ impl Pool {
     fn os_free(&self, ptr: NonNull<u8>, capacity: usize) {
         // SAFETY: every block of this pool of `capacity` bytes came from `os::obtain` with
         // that capacity (`os_alloc`), and the callers own it: `release` takes it from a
-        // dropped `Block`, `trim` from a slot through one `swap`.
+        // dropped `Block`, `trim` from a slot through one `swap` or a thread's list under
+        // its handshake.
         unsafe { os::give_back(ptr, capacity) };
         self.budget.release(capacity);
         self.books.os_free();
     }
 }
 
+/// The error of a pool whose configuration is unusable (kept off the allocation path).
+#[cold]
+fn config_failure(e: &ConfigError) -> AllocError {
+    AllocError::Config(e.clone())
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
-        // Live blocks borrow the pool, so only the cache can remain.
-        self.trim();
+        // Live blocks borrow the pool, so only the caches can remain, and no thread is
+        // inside one of its caches now.
+        let core = &*self.core;
+        core.local
+            .close(|block, class| core.os_free(block, class_size(class)));
+        core.trim_shared();
     }
 }

@@ -1,5 +1,6 @@
-//! The pool's calls into the operating system: obtaining and returning block memory, and
-//! the calling thread's id for error messages.
+//! The pool's calls into the operating system: obtaining and returning block memory, the
+//! calling thread's id for error messages, and the process-wide memory barrier the threads'
+//! caches are recalled with.
 //!
 //! Invariant: a block of `capacity` bytes is returned with the call that matches the one it
 //! was obtained with, which the capacity alone decides (`mmap`/`munmap` from
@@ -70,6 +71,69 @@ pub(super) unsafe fn give_back(ptr: NonNull<u8>, capacity: usize) {
     }
 }
 
+/// Whether [`heavy_barrier`] is the process-wide barrier: asked once, the answer kept.
+/// 0: not asked yet, 1: yes, 2: no (every side then fences for itself).
+static PROCESS_BARRIER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Asks for the process-wide barrier (Linux `membarrier`, private expedited) once; called
+/// before any thread cache exists, so every cache sees the answer (see `light_barrier`).
+pub(super) fn prepare_barrier() {
+    use std::sync::atomic::Ordering;
+    if PROCESS_BARRIER.load(Ordering::Acquire) == 0 {
+        let available = register_process_barrier();
+        PROCESS_BARRIER.store(if available { 1 } else { 2 }, Ordering::Release);
+    }
+}
+
+#[cfg(all(target_os = "linux", not(miri)))]
+fn register_process_barrier() -> bool {
+    const QUERY: libc::c_long = 0;
+    const PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    const REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+    // SAFETY: membarrier's query and register commands take no pointers.
+    let supported = unsafe { libc::syscall(libc::SYS_membarrier, QUERY, 0, 0) };
+    if supported < 0 || supported & PRIVATE_EXPEDITED == 0 {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_membarrier, REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 }
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn register_process_barrier() -> bool {
+    false
+}
+
+/// The cheap side of an asymmetric store-load barrier: orders this thread's earlier
+/// stores before its later loads *as seen by a thread that runs [`heavy_barrier`]*. A
+/// compiler fence when the process-wide barrier is available (the heavy side then makes
+/// every running thread execute a full fence), a full fence otherwise.
+#[inline(always)]
+pub(super) fn light_barrier() {
+    use std::sync::atomic::{compiler_fence, fence, Ordering};
+    if PROCESS_BARRIER.load(Ordering::Relaxed) == 1 {
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The costly side of the barrier of [`light_barrier`]: a full fence on every thread of
+/// the process (a few microseconds), or on this thread alone when the other side fences
+/// for itself.
+pub(super) fn heavy_barrier() {
+    use std::sync::atomic::{fence, Ordering};
+    fence(Ordering::SeqCst);
+    #[cfg(all(target_os = "linux", not(miri)))]
+    if PROCESS_BARRIER.load(Ordering::Relaxed) == 1 {
+        const PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+        // SAFETY: registered by `prepare_barrier` (the value 1 says so); no pointers.
+        let rc = unsafe { libc::syscall(libc::SYS_membarrier, PRIVATE_EXPEDITED, 0, 0) };
+        // Registered, so it cannot fail; if it ever did, the light side would be unsafe.
+        assert_eq!(rc, 0, "membarrier failed after registration");
+    }
+}
+
 /// The OS id of the calling thread (what `top -H` and debuggers show).
 #[cfg(target_os = "linux")]
 pub(super) fn thread_id() -> u64 {
@@ -105,6 +169,21 @@ mod tests {
     #[test]
     fn an_impossible_request_is_an_os_error() {
         assert!(obtain(isize::MAX as usize & !4095).is_err());
+    }
+
+    #[test]
+    fn the_barrier_is_asked_for_once_and_both_sides_run() {
+        prepare_barrier();
+        let mode = PROCESS_BARRIER.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(mode == 1 || mode == 2, "{mode}");
+        prepare_barrier();
+        assert_eq!(
+            PROCESS_BARRIER.load(std::sync::atomic::Ordering::Relaxed),
+            mode
+        );
+        light_barrier();
+        heavy_barrier();
+        eprintln!("process-wide barrier available: {}", mode == 1);
     }
 
     #[test]

@@ -5,10 +5,13 @@
 //! under the lock and replaced, never grown, at each registration), and a thread never
 //! runs one pool's reclaimers inside themselves: a reclaimer that allocates from the same
 //! pool and reaches the limit again gets no second round (its request fails or is served
-//! from the cache), whatever it does, panics included.
+//! from the cache), whatever it does, panics included. A reclaimer's panic is caught and
+//! becomes the error of the request it ran for: it never unwinds out of the pool.
 
+use std::any::Any;
 use std::cell::Cell;
 use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 type Reclaimer = Arc<dyn Fn() -> usize + Send + Sync>;
@@ -70,22 +73,41 @@ impl Reclaimers {
     }
 
     /// Runs every reclaimer once on behalf of the pool at address `pool`, unless this
-    /// thread is already running that pool's reclaimers.
-    pub(super) fn run(&self, pool: usize) {
+    /// thread is already running that pool's reclaimers. A reclaimer that panics stops the
+    /// round: `Err` carries its panic message.
+    pub(super) fn run(&self, pool: usize) -> Result<(), String> {
         let outer = RECLAIMING.with(|r| r.get());
         if outer == pool {
-            return;
+            return Ok(());
         }
         let reclaimers = self.current();
         if reclaimers.is_empty() {
-            return;
+            return Ok(());
         }
         RECLAIMING.with(|r| r.set(pool));
-        // Restores the outer pool's mark even if a reclaimer panics.
+        // Restores the outer pool's mark whatever the reclaimers do.
         let _restore = RestoreReclaiming(outer);
         for reclaim in reclaimers.iter() {
-            reclaim();
+            // AssertUnwindSafe: the pool's own state is consistent while a reclaimer runs
+            // (no lock is held, no count is half-updated), and whatever a panicking
+            // reclaimer leaves half-done is its own state, which it shares with every
+            // thread anyway (it is `Sync`); the closure is only borrowed from the list.
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| reclaim())) {
+                return Err(panic_message(&*payload));
+            }
         }
+        Ok(())
+    }
+}
+
+/// The message of a panic payload (`panic!` makes a `&str` or a `String`).
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a payload that is not a string".to_string()
     }
 }
 
@@ -103,16 +125,28 @@ mod tests {
             reclaimers.register(move || {
                 calls.fetch_add(1, Ordering::SeqCst);
                 // A nested run for the same pool (an allocation at the limit) is skipped.
-                inner.upgrade().unwrap().run(1);
+                inner.upgrade().unwrap().run(1).unwrap();
                 0
             });
         }
-        reclaimers.run(1);
+        reclaimers.run(1).unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         // Run for pool 2, each reclaimer's nested run for pool 1 is not skipped (one
         // round of two more, whose own nested runs are), and the mark is restored after.
-        reclaimers.run(2);
+        reclaimers.run(2).unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 2 + 2 * 3);
         assert_eq!(RECLAIMING.with(|r| r.get()), 0);
+    }
+
+    #[test]
+    fn a_panicking_reclaimer_is_an_error_and_stops_the_round() {
+        let reclaimers = Reclaimers::new();
+        let after = Arc::new(AtomicUsize::new(0));
+        reclaimers.register(|| panic!("reclaimer {} failed", 7));
+        let calls = after.clone();
+        reclaimers.register(move || calls.fetch_add(1, Ordering::SeqCst));
+        assert_eq!(reclaimers.run(3), Err("reclaimer 7 failed".to_string()));
+        assert_eq!(after.load(Ordering::SeqCst), 0);
+        assert_eq!(RECLAIMING.with(|r| r.get()), 0, "the mark is restored");
     }
 }

@@ -1,16 +1,17 @@
 //! The pool's books: what its blocks are for ([`Usage`]), the counters it keeps and the
 //! [`PoolStats`] snapshot read from them.
 //!
-//! Invariant: every block or reservation handed out is counted once by [`Books::live`]
-//! and, when it comes back, taken off once by [`Books::freed`], with the same bytes and
-//! usage; so the live figure is the sum of the per-usage figures whenever no allocation or
-//! free is in flight. Bytes freed are not counted but derived (`total - live`), which saves
-//! a shared write per free. No atomic here is a lock or an invariant of the limit (that is
-//! the budget's job): all are relaxed tallies.
+//! Invariant: every block or reservation handed out is counted once as live and, when it
+//! comes back, once as freed, with the same bytes and usage, either in the tally of the
+//! thread that does it (`local`) or, for a thread without one, here; a thread that exits
+//! folds its tally in here. The figures read are the sum of both ([`Figures`]), taken under
+//! the registry's lock, so they are exact whenever no allocation or free is in flight. No
+//! atomic here is a lock or an invariant of the limit (that is the budget's job): all are
+//! relaxed tallies. The peak of live bytes is kept from what threads publish: exact for
+//! one thread, within 4 MiB per other thread (`local`).
 
-use crate::counter::Counter;
 use crate::error::Holders;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 
 /// What a block is for; the out-of-memory message breaks the used bytes down by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,7 +28,7 @@ pub enum Usage {
 }
 
 impl Usage {
-    fn index(self) -> usize {
+    pub(super) fn index(self) -> usize {
         self as usize
     }
 }
@@ -44,8 +45,10 @@ pub struct PoolStats {
     ///
     /// [`Pool::reset_peak`]: crate::Pool::reset_peak
     pub peak_bytes: usize,
-    /// Bytes of freed blocks kept for reuse.
+    /// Bytes of freed blocks kept for reuse (in the shared classes and the threads' caches).
     pub cached_bytes: usize,
+    /// The part of `cached_bytes` kept in threads' own caches.
+    pub thread_cached_bytes: usize,
     /// `live_bytes + cached_bytes`: what counts against the limit.
     pub used_bytes: usize,
     /// Highest `used_bytes` since creation or [`Pool::reset_peak`].
@@ -91,71 +94,155 @@ pub struct PoolStats {
     pub failed_allocations: u64,
 }
 
-/// The pool's counters (the budget and the limits aside).
+/// Counts summed from the books and the threads' tallies.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Figures {
+    pub(super) allocated: u64,
+    pub(super) freed: u64,
+    pub(super) allocations: u64,
+    pub(super) deallocations: u64,
+    pub(super) cache_hits: u64,
+    /// Live bytes per usage (a part may be negative: a thread that frees what another
+    /// allocated).
+    pub(super) usage: [isize; 4],
+    /// Bytes in the shared classes.
+    pub(super) cached: usize,
+    /// Bytes in threads' caches.
+    pub(super) thread_cached: usize,
+}
+
+impl Figures {
+    pub(super) fn add(&mut self, other: &Figures) {
+        self.allocated = self.allocated.wrapping_add(other.allocated);
+        self.freed = self.freed.wrapping_add(other.freed);
+        self.allocations = self.allocations.wrapping_add(other.allocations);
+        self.deallocations = self.deallocations.wrapping_add(other.deallocations);
+        self.cache_hits = self.cache_hits.wrapping_add(other.cache_hits);
+        for (mine, theirs) in self.usage.iter_mut().zip(other.usage) {
+            *mine = mine.wrapping_add(theirs);
+        }
+        self.cached += other.cached;
+        self.thread_cached += other.thread_cached;
+    }
+
+    /// Live bytes (0 while a free is counted before the allocation it frees).
+    pub(super) fn live(&self) -> usize {
+        self.allocated.saturating_sub(self.freed) as usize
+    }
+
+    fn usage(&self, usage: Usage) -> usize {
+        self.usage[usage.index()].max(0) as usize
+    }
+
+    /// Who holds the pool's bytes, for an out-of-memory message.
+    pub(super) fn holders(&self) -> Holders {
+        Holders {
+            workspaces: self.usage(Usage::Workspace),
+            tensors: self.usage(Usage::Tensor),
+            mirrors: self.usage(Usage::Mirror),
+            other: self.usage(Usage::Other),
+            cached: self.cached + self.thread_cached,
+        }
+    }
+}
+
+/// The pool's shared counters (the budget and the limits aside): the operations of
+/// threads without a tally of their own, the tallies of threads that exited, the shared
+/// classes' bytes, the OS calls and refusals, and the peak.
 #[derive(Debug)]
 pub(super) struct Books {
-    /// Live bytes: their peak, and the bytes ever handed out as the total.
-    live: Counter,
-    /// Bytes of freed blocks in the cache (raised before a block enters a slot, lowered
-    /// after one leaves, so it never wraps).
-    cached: AtomicUsize,
-    by_usage: [AtomicUsize; 4],
+    allocated: AtomicU64,
+    freed: AtomicU64,
+    by_usage: [AtomicIsize; 4],
     allocations: AtomicU64,
     deallocations: AtomicU64,
     cache_hits: AtomicU64,
+    /// Bytes of freed blocks in the shared classes (raised before a block enters a slot,
+    /// lowered after one leaves, so it never wraps).
+    cached: AtomicUsize,
     os_allocations: AtomicU64,
     os_frees: AtomicU64,
     failed: AtomicU64,
+    /// The sum of the live bytes published so far (by threads, in batches).
+    published: AtomicIsize,
+    /// The highest `published` (or exact live figure read) since the last reset.
+    peak: AtomicUsize,
 }
 
 impl Books {
     pub(super) fn new() -> Books {
         Books {
-            live: Counter::new(),
-            cached: AtomicUsize::new(0),
-            by_usage: Default::default(),
+            allocated: AtomicU64::new(0),
+            freed: AtomicU64::new(0),
+            by_usage: std::array::from_fn(|_| AtomicIsize::new(0)),
             allocations: AtomicU64::new(0),
             deallocations: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
+            cached: AtomicUsize::new(0),
             os_allocations: AtomicU64::new(0),
             os_frees: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            published: AtomicIsize::new(0),
+            peak: AtomicUsize::new(0),
         }
     }
 
-    /// A block or reservation of `bytes` was handed out for `usage`.
-    #[inline]
-    pub(super) fn live(&self, bytes: usize, usage: Usage) {
-        self.live.add(bytes);
-        self.by_usage[usage.index()].fetch_add(bytes, Ordering::Relaxed);
+    /// A block or reservation of `bytes` was handed out for `usage` by a thread without a
+    /// tally of its own (`hit`: from a cache).
+    pub(super) fn live(&self, bytes: usize, usage: Usage, hit: bool) {
+        self.allocated.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.by_usage[usage.index()].fetch_add(bytes as isize, Ordering::Relaxed);
         self.allocations.fetch_add(1, Ordering::Relaxed);
+        if hit {
+            self.cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.publish(bytes as isize, true);
     }
 
-    /// A block or reservation counted by [`Books::live`] came back.
-    #[inline]
+    /// A block or reservation counted live came back to a thread without a tally.
     pub(super) fn freed(&self, bytes: usize, usage: Usage) {
-        self.live.sub(bytes);
-        self.by_usage[usage.index()].fetch_sub(bytes, Ordering::Relaxed);
+        self.freed.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.by_usage[usage.index()].fetch_sub(bytes as isize, Ordering::Relaxed);
         self.deallocations.fetch_add(1, Ordering::Relaxed);
+        self.publish(-(bytes as isize), false);
     }
 
-    /// A block of `bytes` is about to be offered to the cache.
+    /// Adds `net` live bytes to the published sum; `rise`: the sum after it is a candidate
+    /// for the peak.
+    #[inline]
+    pub(super) fn publish(&self, net: isize, rise: bool) {
+        let after = self
+            .published
+            .fetch_add(net, Ordering::Relaxed)
+            .wrapping_add(net);
+        if rise && after > 0 && after as usize > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(after as usize, Ordering::Relaxed);
+        }
+    }
+
+    /// A thread's tally, folded in when it exits.
+    pub(super) fn fold(&self, f: &Figures) {
+        self.allocated.fetch_add(f.allocated, Ordering::Relaxed);
+        self.freed.fetch_add(f.freed, Ordering::Relaxed);
+        self.allocations.fetch_add(f.allocations, Ordering::Relaxed);
+        self.deallocations
+            .fetch_add(f.deallocations, Ordering::Relaxed);
+        self.cache_hits.fetch_add(f.cache_hits, Ordering::Relaxed);
+        for (mine, theirs) in self.by_usage.iter().zip(f.usage) {
+            mine.fetch_add(theirs, Ordering::Relaxed);
+        }
+    }
+
+    /// A block of `bytes` is about to be offered to the shared classes.
     #[inline]
     pub(super) fn caching(&self, bytes: usize) {
         self.cached.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// A block of `bytes` left the cache (or was refused by it after [`Books::caching`]).
+    /// A block of `bytes` left the shared classes (or was refused after [`Books::caching`]).
     #[inline]
     pub(super) fn uncached(&self, bytes: usize) {
         self.cached.fetch_sub(bytes, Ordering::Relaxed);
-    }
-
-    /// A block of `bytes` left the cache to be handed out again.
-    #[inline]
-    pub(super) fn cache_hit(&self, bytes: usize) {
-        self.uncached(bytes);
-        self.cache_hits.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn os_allocation(&self) {
@@ -170,45 +257,41 @@ impl Books {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Bytes in the cache now.
-    pub(super) fn cached(&self) -> usize {
-        self.cached.load(Ordering::Relaxed)
-    }
-
-    fn usage(&self, usage: Usage) -> usize {
-        self.by_usage[usage.index()].load(Ordering::Relaxed)
-    }
-
-    /// Who holds the pool's bytes, for an out-of-memory message.
-    pub(super) fn holders(&self) -> Holders {
-        Holders {
-            workspaces: self.usage(Usage::Workspace),
-            tensors: self.usage(Usage::Tensor),
-            mirrors: self.usage(Usage::Mirror),
-            other: self.usage(Usage::Other),
-            cached: self.cached(),
-        }
-    }
-
-    /// The figures these books keep; the budget and limit fields are left at their
-    /// defaults for the pool to fill in.
-    pub(super) fn stats(&self) -> PoolStats {
-        // The total is read after the value: it only grows, so freed never goes negative.
-        let live = self.live.read();
-        PoolStats {
-            live_bytes: live.value,
-            peak_bytes: live.peak,
-            cached_bytes: self.cached(),
-            tensor_bytes: self.usage(Usage::Tensor),
-            workspace_bytes: self.usage(Usage::Workspace),
-            mirror_bytes: self.usage(Usage::Mirror),
-            other_bytes: self.usage(Usage::Other),
-            total_allocated_bytes: live.total,
-            // Derived, not counted: one shared write less per free.
-            total_freed_bytes: live.total.saturating_sub(live.value as u64),
+    /// These books' own counts (the threads' tallies are added by the registry).
+    pub(super) fn figures(&self) -> Figures {
+        // Freed is read before allocated: a free follows its allocation, so live never
+        // reads below what it is for want of an allocation read too early.
+        let freed = self.freed.load(Ordering::Relaxed);
+        Figures {
+            allocated: self.allocated.load(Ordering::Relaxed),
+            freed,
             allocations: self.allocations.load(Ordering::Relaxed),
             deallocations: self.deallocations.load(Ordering::Relaxed),
             cache_hits: self.cache_hits.load(Ordering::Relaxed),
+            usage: std::array::from_fn(|i| self.by_usage[i].load(Ordering::Relaxed)),
+            cached: self.cached.load(Ordering::Relaxed),
+            thread_cached: 0,
+        }
+    }
+
+    /// The statistics from `f` (the sum of these books and the threads' tallies); the
+    /// budget and limit fields are left at their defaults for the pool to fill in.
+    pub(super) fn stats(&self, f: &Figures) -> PoolStats {
+        let live = f.live();
+        PoolStats {
+            live_bytes: live,
+            peak_bytes: self.peak.load(Ordering::Relaxed).max(live),
+            cached_bytes: f.cached + f.thread_cached,
+            thread_cached_bytes: f.thread_cached,
+            tensor_bytes: f.usage(Usage::Tensor),
+            workspace_bytes: f.usage(Usage::Workspace),
+            mirror_bytes: f.usage(Usage::Mirror),
+            other_bytes: f.usage(Usage::Other),
+            total_allocated_bytes: f.allocated,
+            total_freed_bytes: f.freed,
+            allocations: f.allocations,
+            deallocations: f.deallocations,
+            cache_hits: f.cache_hits,
             os_allocations: self.os_allocations.load(Ordering::Relaxed),
             os_frees: self.os_frees.load(Ordering::Relaxed),
             failed_allocations: self.failed.load(Ordering::Relaxed),
@@ -216,9 +299,9 @@ impl Books {
         }
     }
 
-    /// Restarts the live peak from the live bytes now.
-    pub(super) fn reset_peak(&self) {
-        self.live.reset_peak();
+    /// Restarts the live peak from `live`, the exact live bytes now.
+    pub(super) fn reset_peak(&self, live: usize) {
+        self.peak.store(live, Ordering::Relaxed);
     }
 }
 
@@ -235,16 +318,30 @@ mod tests {
     }
 
     #[test]
-    fn the_books_add_up_by_usage_and_derive_the_freed_bytes() {
+    fn the_books_add_up_by_usage_and_fold_thread_tallies() {
         let books = Books::new();
-        books.live(100, Usage::Tensor);
-        books.live(40, Usage::Workspace);
+        books.live(100, Usage::Tensor, false);
+        books.live(40, Usage::Workspace, false);
         books.freed(100, Usage::Tensor);
         books.caching(100);
-        books.cache_hit(100);
-        books.live(100, Usage::Mirror);
-        let s = books.stats();
-        assert_eq!((s.live_bytes, s.peak_bytes), (140, 140));
+        books.uncached(100);
+        books.live(100, Usage::Mirror, true);
+        let thread = Figures {
+            allocated: 10,
+            allocations: 1,
+            usage: [10, 0, 0, 0],
+            thread_cached: 64,
+            ..Figures::default()
+        };
+        books.fold(&thread);
+        let mut f = books.figures();
+        assert_eq!(f.cached, 0);
+        f.add(&Figures {
+            thread_cached: 64,
+            ..Figures::default()
+        });
+        let s = books.stats(&f);
+        assert_eq!((s.live_bytes, s.peak_bytes), (150, 150));
         assert_eq!(
             (
                 s.tensor_bytes,
@@ -252,18 +349,18 @@ mod tests {
                 s.mirror_bytes,
                 s.other_bytes
             ),
-            (0, 40, 100, 0)
+            (10, 40, 100, 0)
         );
-        assert_eq!((s.total_allocated_bytes, s.total_freed_bytes), (240, 100));
-        assert_eq!((s.allocations, s.deallocations, s.cache_hits), (3, 1, 1));
-        assert_eq!(s.cached_bytes, 0);
-        let h = books.holders();
+        assert_eq!((s.total_allocated_bytes, s.total_freed_bytes), (250, 100));
+        assert_eq!((s.allocations, s.deallocations, s.cache_hits), (4, 1, 1));
+        assert_eq!((s.cached_bytes, s.thread_cached_bytes), (64, 64));
+        let h = f.holders();
         assert_eq!(
             (h.tensors, h.workspaces, h.mirrors, h.cached),
-            (0, 40, 100, 0)
+            (10, 40, 100, 64)
         );
         books.freed(100, Usage::Mirror);
-        books.reset_peak();
-        assert_eq!(books.stats().peak_bytes, 40);
+        books.reset_peak(50);
+        assert_eq!(books.stats(&books.figures()).peak_bytes, 50);
     }
 }

@@ -110,7 +110,8 @@ fn the_workspace_variable_is_checked_before_any_work() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(
-            stderr.starts_with("ndmem: NDMEM_WORKSPACES=\"garbage\" is not a workspace debug mode")
+            stderr
+                .starts_with("ndmem: NDMEM_WORKSPACES: \"garbage\" is not a workspace debug mode")
                 && stderr.contains("(expected e.g. spill_everything, bypass"),
             "{args:?}: {stderr}"
         );

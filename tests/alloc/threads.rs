@@ -1,0 +1,328 @@
+//! Threads' own caches (semantics §1): they keep what a cycle frees, they count against the
+//! limit, and they are given up on thread exit, on a lower limit and to a thread at the
+//! limit; the statistics read from any thread are exact.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use ndmem_alloc::{AllocError, Block, Limits, Pool, Usage};
+
+use crate::{pool_with, MIB};
+
+/// Runs `cache` on a thread of its own, which then stays alive (its cache untouched) while
+/// `meanwhile` runs on the calling thread, and exits afterwards.
+fn while_a_thread_caches(pool: &Pool, cache: impl FnOnce(&Pool) + Send, meanwhile: impl FnOnce()) {
+    std::thread::scope(|s| {
+        // Channels, not barriers: if `meanwhile` panics, `done` drops and the thread ends.
+        let (cached, has_cached) = mpsc::channel::<()>();
+        let (done, wait_done) = mpsc::channel::<()>();
+        s.spawn(move || {
+            cache(pool);
+            cached.send(()).unwrap();
+            let _ = wait_done.recv();
+        });
+        has_cached.recv().unwrap();
+        meanwhile();
+        drop(done);
+    });
+}
+
+/// Allocates and frees `n` blocks of `size` bytes at once: they end in this thread's cache.
+fn cache_blocks(pool: &Pool, n: usize, size: usize) {
+    let blocks: Vec<Block> = (0..n).map(|_| pool.allocate(size, 64).unwrap()).collect();
+    drop(blocks);
+}
+
+#[test]
+fn a_thread_keeps_what_it_frees_and_counts_it_against_the_limit() {
+    let pool = pool_with(8 * MIB);
+    while_a_thread_caches(
+        &pool,
+        |pool| cache_blocks(pool, 2, MIB),
+        || {
+            let s = pool.stats();
+            assert_eq!(
+                s.thread_cached_bytes,
+                2 * MIB,
+                "the thread keeps its blocks"
+            );
+            assert_eq!(s.cached_bytes, 2 * MIB);
+            assert_eq!((s.live_bytes, s.used_bytes), (0, 2 * MIB));
+        },
+    );
+}
+
+#[test]
+fn a_thread_at_the_limit_recalls_what_other_threads_cache() {
+    let pool = pool_with(8 * MIB);
+    while_a_thread_caches(
+        &pool,
+        |pool| cache_blocks(pool, 2, MIB),
+        || {
+            assert_eq!(pool.stats().used_bytes, 2 * MIB);
+            // 7 MiB fit only once the other thread's 2 MiB went back to the OS.
+            let block = pool.allocate(7 * MIB, 64).unwrap();
+            let s = pool.stats();
+            assert_eq!((s.thread_cached_bytes, s.cached_bytes), (0, 0));
+            assert_eq!(s.used_bytes, block.capacity());
+            assert_eq!(s.failed_allocations, 0);
+        },
+    );
+}
+
+#[test]
+fn a_thread_s_cache_goes_back_to_the_shared_classes_when_it_exits() {
+    let pool = pool_with(64 * MIB);
+    std::thread::scope(|s| {
+        // An explicit join returns once the thread is gone, its thread-locals dropped (the
+        // end of a scope only waits for the closures to return).
+        s.spawn(|| cache_blocks(&pool, 4, 64 << 10)).join().unwrap();
+    });
+    let after_exit = pool.stats();
+    assert_eq!(after_exit.thread_cached_bytes, 0);
+    assert_eq!(
+        after_exit.cached_bytes,
+        4 * (64 << 10),
+        "in the shared classes"
+    );
+    assert_eq!(after_exit.used_bytes, 4 * (64 << 10));
+    assert_eq!(after_exit.live_bytes, 0);
+    assert_eq!((after_exit.allocations, after_exit.deallocations), (4, 4));
+    // This thread takes them from the shared classes, without the OS.
+    let blocks: Vec<Block> = (0..4)
+        .map(|_| pool.allocate(64 << 10, 64).unwrap())
+        .collect();
+    let s = pool.stats();
+    assert_eq!(s.os_allocations, after_exit.os_allocations);
+    assert_eq!(s.cache_hits, after_exit.cache_hits + 4);
+    assert_eq!(s.cached_bytes, 0);
+    drop(blocks);
+}
+
+#[test]
+fn a_lower_limit_recalls_what_threads_cache() {
+    let pool = pool_with(8 * MIB);
+    while_a_thread_caches(
+        &pool,
+        |pool| cache_blocks(pool, 2, MIB),
+        || {
+            let _live = pool.allocate(MIB, 64).unwrap();
+            assert_eq!(pool.stats().used_bytes, 3 * MIB);
+            // Refused below what is live, accepted once the other thread's cache is recalled.
+            assert!(matches!(
+                pool.set_max_bytes(Some(MIB / 2)),
+                Err(AllocError::LimitBelowUse { .. })
+            ));
+            assert_eq!(
+                pool.stats().thread_cached_bytes,
+                2 * MIB,
+                "a refusal changes nothing"
+            );
+            pool.set_max_bytes(Some(2 * MIB)).unwrap();
+            let s = pool.stats();
+            assert_eq!((s.thread_cached_bytes, s.used_bytes), (0, MIB));
+            assert_eq!(s.limit_bytes, Some(2 * MIB));
+        },
+    );
+}
+
+#[test]
+fn statistics_read_from_another_thread_are_exact() {
+    let pool = pool_with(64 * MIB);
+    std::thread::scope(|s| {
+        // Made inside the scope, so that a failed assertion drops them and the thread ends.
+        let (to_main, from_thread) = mpsc::channel();
+        let (to_thread, from_main) = mpsc::channel::<()>();
+        let pool = &pool;
+        s.spawn(move || {
+            let a = pool.allocate_for(1000, 16, Usage::Tensor).unwrap();
+            let b = pool.allocate_for(5000, 16, Usage::Workspace).unwrap();
+            let c = pool.allocate_for(100, 16, Usage::Mirror).unwrap();
+            let r = pool.reserve(3000, Usage::Other).unwrap();
+            let sizes = [a.capacity(), b.capacity(), c.capacity()];
+            drop(c);
+            to_main.send(sizes).unwrap();
+            from_main.recv().unwrap();
+            drop((a, b, r));
+            to_main.send(sizes).unwrap();
+            from_main.recv().unwrap();
+        });
+        let [a, b, c] = from_thread.recv().unwrap();
+        assert_eq!((a, b, c), (1024, 5120, 112), "the size classes");
+        let s = pool.stats();
+        assert_eq!(s.live_bytes, a + b + 3000);
+        assert_eq!(
+            (
+                s.tensor_bytes,
+                s.workspace_bytes,
+                s.mirror_bytes,
+                s.other_bytes
+            ),
+            (a, b, 0, 3000)
+        );
+        assert_eq!((s.allocations, s.deallocations), (4, 1));
+        assert_eq!(s.total_allocated_bytes, (a + b + c + 3000) as u64);
+        assert_eq!(s.total_freed_bytes, c as u64);
+        assert_eq!(s.peak_bytes, a + b + c + 3000, "one thread: the exact peak");
+        assert_eq!((s.cached_bytes, s.thread_cached_bytes), (c, c));
+        assert_eq!(s.used_bytes, s.live_bytes + s.cached_bytes);
+        to_thread.send(()).unwrap();
+        from_thread.recv().unwrap();
+        let s = pool.stats();
+        assert_eq!((s.live_bytes, s.tensor_bytes, s.workspace_bytes), (0, 0, 0));
+        assert_eq!((s.allocations, s.deallocations), (4, 4));
+        assert_eq!(s.cached_bytes, a + b + c);
+        to_thread.send(()).unwrap();
+    });
+    // Folded in at exit: the same figures.
+    let s = pool.stats();
+    assert_eq!((s.allocations, s.deallocations, s.live_bytes), (4, 4, 0));
+    assert_eq!(s.total_allocated_bytes, s.total_freed_bytes);
+}
+
+#[test]
+fn a_cycle_of_a_thousand_4_kib_blocks_needs_no_os_after_the_first() {
+    let pool = pool_with(256 * MIB);
+    let cycle = || {
+        let blocks: Vec<Block> = (0..1000)
+            .map(|_| pool.allocate(4096, 64).unwrap())
+            .collect();
+        drop(blocks);
+    };
+    cycle();
+    let warm = pool.stats();
+    assert_eq!(warm.os_allocations, 1000);
+    for _ in 0..10 {
+        cycle();
+    }
+    let s = pool.stats();
+    assert_eq!(
+        s.os_allocations, warm.os_allocations,
+        "no OS allocation after warm-up"
+    );
+    assert_eq!(s.os_frees, warm.os_frees);
+    assert_eq!(s.cache_hits, warm.cache_hits + 10_000);
+    assert_eq!(s.thread_cached_bytes, 1000 * 4096);
+}
+
+/// A pool dropped while a thread that cached its blocks is alive: the blocks go back to the
+/// OS with the pool, and the thread later forgets it; many pools on one thread likewise.
+#[test]
+fn a_pool_dropped_before_the_thread_that_cached_its_blocks() {
+    let pool = Arc::new(pool_with(8 * MIB));
+    let (to_thread, from_main) = mpsc::channel::<()>();
+    let (to_main, from_thread) = mpsc::channel::<()>();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            cache_blocks(&pool, 4, 64 << 10);
+            drop(pool);
+            to_main.send(()).unwrap();
+            from_main.recv().unwrap();
+            // The first pool is gone now: many more come and go on this thread.
+            for _ in 0..50 {
+                let other = pool_with(MIB);
+                cache_blocks(&other, 3, 4096);
+                assert_eq!(other.stats().thread_cached_bytes, 3 * 4096);
+            }
+        })
+    };
+    from_thread.recv().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.thread_cached_bytes, s.os_frees), (4 * (64 << 10), 0));
+    let pool = Arc::into_inner(pool).expect("the worker let go of the pool");
+    drop(pool); // while the worker, which caches its blocks, lives on
+    to_thread.send(()).unwrap();
+    worker.join().unwrap();
+}
+
+/// Takes `blocks` off the tally of bytes held, then frees them (in this order, so the tally
+/// never lags behind the pool).
+fn give_back(held: &AtomicUsize, blocks: &mut Vec<Block>) {
+    held.fetch_sub(blocks.iter().map(|b| b.capacity()).sum(), Ordering::SeqCst);
+    blocks.clear();
+}
+
+/// Four threads against a tight limit with blocks small enough to stay in their caches:
+/// the bytes they hold (counted by the threads) never pass the limit, refusals come only
+/// after the other threads' caches were recalled, and the books balance at the end.
+#[test]
+fn the_limit_holds_exactly_with_four_threads_caching() {
+    const LIMIT: usize = 4 * MIB;
+    let pool = pool_with(LIMIT);
+    let held = AtomicUsize::new(0);
+    let most = AtomicUsize::new(0);
+    let refusals = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let mut threads = Vec::new();
+        for t in 0..4u64 {
+            let (pool, held, most, refusals) = (&pool, &held, &most, &refusals);
+            threads.push(s.spawn(move || {
+                let mut mine: Vec<Block> = Vec::new();
+                let mut seed = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(t + 1);
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_millis(300)
+                    || (refusals.load(Ordering::Relaxed) == 0
+                        && start.elapsed() < Duration::from_secs(30))
+                {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let size = 64 << (seed % 13); // 64 B .. 256 KiB
+                    match pool.allocate(size, 64) {
+                        Ok(block) => {
+                            let now = held.fetch_add(block.capacity(), Ordering::SeqCst)
+                                + block.capacity();
+                            most.fetch_max(now, Ordering::SeqCst);
+                            mine.push(block);
+                        }
+                        Err(AllocError::OutOfMemory { .. }) => {
+                            refusals.fetch_add(1, Ordering::Relaxed);
+                            give_back(held, &mut mine);
+                        }
+                        Err(other) => panic!("{other}"),
+                    }
+                    if mine.len() > 24 {
+                        let b = mine.swap_remove(seed as usize % mine.len());
+                        held.fetch_sub(b.capacity(), Ordering::SeqCst);
+                    }
+                }
+                give_back(held, &mut mine);
+            }));
+        }
+        // Joined one by one: a join returns once the thread's caches were handed back.
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    });
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        most <= LIMIT,
+        "the threads held {most} bytes, above {LIMIT}"
+    );
+    assert!(
+        most > LIMIT / 2,
+        "the threads pressed against the limit ({most})"
+    );
+    assert!(
+        refusals.load(Ordering::Relaxed) > 0,
+        "the limit was reached"
+    );
+    let s = pool.stats();
+    assert_eq!(s.live_bytes, 0);
+    assert_eq!(s.allocations, s.deallocations);
+    assert_eq!(s.thread_cached_bytes, 0, "every thread exited");
+    assert!(s.used_bytes <= LIMIT && s.peak_used_bytes <= LIMIT);
+    assert_eq!(s.used_bytes, s.cached_bytes);
+}
+
+/// An unlimited pool's threads keep a quarter of the installed RAM each at most.
+#[test]
+fn an_unlimited_pool_still_bounds_what_a_thread_keeps() {
+    let pool = Pool::new(Limits::unlimited());
+    cache_blocks(&pool, 3, MIB);
+    let s = pool.stats();
+    assert_eq!(s.thread_cached_bytes, 3 * MIB);
+    assert!(s.thread_cached_bytes <= ndmem_alloc::physical_ram() / 4);
+}
