@@ -4,8 +4,12 @@
 //! A thread keeps, for each pool it allocates from, a [`Slot`]: one free list per size class
 //! (the blocks are linked through their first word), the bytes on those lists, and the
 //! thread's tally of allocations and frees. A block freed by that thread goes onto its list
-//! while the slot holds less than the pool's per-thread bound, and the thread's next request
-//! of that class takes it back: neither touches a lock or a cache line another thread writes.
+//! while the slot holds less than the pool's per-thread bound and the list is shorter than
+//! its class's cap ([`list_cap`]), and the thread's next request of that class takes it
+//! back: neither touches a lock or a cache line another thread writes. The cap is what lets
+//! a thread that frees what another allocates (a consumer of prefetched batches) pass its
+//! blocks on through the shared classes instead of hoarding them while the other thread
+//! asks the OS.
 //! The slots of a pool are listed in its [`Registry`], so that another thread can recall
 //! what they hold (at a limit, on a lower limit, on `trim`) and sum their tallies.
 //!
@@ -58,14 +62,30 @@ use crate::sync::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
 
+/// Bytes one class's list may hold, give or take the cap's bounds below.
+const LIST_BYTES: usize = 4 << 20;
+
+/// The most blocks of `capacity` bytes a thread's list keeps: 4 MiB worth, at least 2 and
+/// at most 256.
+#[inline(always)]
+pub(super) fn list_cap(capacity: usize) -> u32 {
+    (LIST_BYTES / capacity.max(1)).clamp(2, 256) as u32
+}
+
+/// A slot's lists: the head of each class's list (null when empty) and its length.
+struct Lists {
+    heads: [*mut u8; NUM_CLASSES],
+    lens: [u32; NUM_CLASSES],
+}
+
 /// One thread's cache and tally for one pool.
 pub(super) struct Slot {
     /// 1 while the owner is inside (takes or keeps a block).
     busy: AtomicUsize,
     /// 1 while a recaller wants in or is inside.
     recall: AtomicUsize,
-    /// Head of each class's free list (null when empty); see the handshake.
-    heads: UnsafeCell<[*mut u8; NUM_CLASSES]>,
+    /// Each class's free list; see the handshake.
+    lists: UnsafeCell<Lists>,
     /// Bytes on the lists; written by whoever is inside, read by anyone.
     bytes: AtomicUsize,
     tally: Tally,
@@ -128,7 +148,10 @@ impl Slot {
         Slot {
             busy: AtomicUsize::new(0),
             recall: AtomicUsize::new(0),
-            heads: UnsafeCell::new([ptr::null_mut(); NUM_CLASSES]),
+            lists: UnsafeCell::new(Lists {
+                heads: [ptr::null_mut(); NUM_CLASSES],
+                lens: [0; NUM_CLASSES],
+            }),
             bytes: AtomicUsize::new(0),
             tally: Tally {
                 allocated: AtomicU64::new(0),
@@ -167,12 +190,13 @@ impl Slot {
             return None; // being recalled: this request goes to the shared classes
         }
         // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
-        let heads = unsafe { &mut *self.heads.get() };
-        let block = NonNull::new(heads[class]);
+        let lists = unsafe { &mut *self.lists.get() };
+        let block = NonNull::new(lists.heads[class]);
         if let Some(block) = block {
             // SAFETY: a listed block is a live allocation of at least 64 bytes, aligned to
             // 16, owned by this slot, whose first word holds the next block of the list.
-            heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+            lists.heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+            lists.lens[class] -= 1;
             let bytes = self.bytes.load(Ordering::Relaxed);
             self.bytes.store(bytes - capacity, Ordering::Relaxed);
         }
@@ -181,7 +205,8 @@ impl Slot {
     }
 
     /// Owner: keeps `block` (of `class`, `capacity` bytes, owned by the caller) on the lists
-    /// if the slot stays within `bound` bytes; `false` leaves it with the caller.
+    /// if the slot stays within `bound` bytes and the list under its cap; `false` leaves
+    /// it with the caller.
     #[inline]
     pub(super) fn keep(
         &self,
@@ -194,11 +219,16 @@ impl Slot {
             return false;
         }
         // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
-        let heads = unsafe { &mut *self.heads.get() };
+        let lists = unsafe { &mut *self.lists.get() };
+        if lists.lens[class] >= list_cap(capacity) {
+            self.leave();
+            return false;
+        }
         // SAFETY: the caller owns `block`, a pool block of at least 64 bytes aligned to 16:
         // its first word is ours to overwrite with the link.
-        unsafe { block.as_ptr().cast::<*mut u8>().write(heads[class]) };
-        heads[class] = block.as_ptr();
+        unsafe { block.as_ptr().cast::<*mut u8>().write(lists.heads[class]) };
+        lists.heads[class] = block.as_ptr();
+        lists.lens[class] += 1;
         // Read again: a recall may have emptied the slot since the bound was checked.
         let bytes = self.bytes.load(Ordering::Relaxed);
         self.bytes.store(bytes + capacity, Ordering::Relaxed);
@@ -222,8 +252,9 @@ impl Slot {
             std::thread::yield_now();
         }
         // SAFETY: the recaller is inside (the handshake): nobody else touches the lists.
-        let heads = unsafe { &mut *self.heads.get() };
-        for (class, head) in heads.iter_mut().enumerate() {
+        let lists = unsafe { &mut *self.lists.get() };
+        lists.lens = [0; NUM_CLASSES];
+        for (class, head) in lists.heads.iter_mut().enumerate() {
             let mut next = std::mem::replace(head, ptr::null_mut());
             while let Some(block) = NonNull::new(next) {
                 // SAFETY: a listed block holds the next block of its list in its first word;
