@@ -5,7 +5,7 @@
 //! (the blocks are linked through their first word), the bytes on those lists, and the
 //! thread's tally of allocations and frees. A block freed by that thread goes onto its list
 //! while the slot holds less than the pool's per-thread bound and the list is shorter than
-//! its class's cap ([`list_cap`]), and the thread's next request of that class takes it
+//! its class's cap ([`list_cap`], 8 MiB worth), and the thread's next request of that class takes it
 //! back: neither touches a lock or a cache line another thread writes. The cap is what lets
 //! a thread that frees what another allocates (a consumer of prefetched batches) pass its
 //! blocks on through the shared classes instead of hoarding them while the other thread
@@ -62,14 +62,13 @@ use crate::sync::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
 
-/// Bytes one class's list may hold, give or take the cap's bounds below.
-const LIST_BYTES: usize = 4 << 20;
+/// Bytes one class's list may hold (at least two blocks of any class).
+const LIST_BYTES: usize = 8 << 20;
 
-/// The most blocks of `capacity` bytes a thread's list keeps: 4 MiB worth, at least 2 and
-/// at most 256.
+/// The most blocks of `capacity` bytes a thread's list keeps: 8 MiB worth, at least 2.
 #[inline(always)]
 pub(super) fn list_cap(capacity: usize) -> u32 {
-    (LIST_BYTES / capacity.max(1)).clamp(2, 256) as u32
+    (LIST_BYTES / capacity.max(1)).clamp(2, u32::MAX as usize) as u32
 }
 
 /// A slot's lists: the head of each class's list (null when empty) and its length.
