@@ -5,11 +5,13 @@
 //! (the blocks are linked through their first word), the bytes on those lists, and the
 //! thread's tally of allocations and frees. A block freed by that thread goes onto its list
 //! while the slot holds less than the pool's per-thread bound and the list is shorter than
-//! its class's cap ([`list_cap`], 8 MiB worth), and the thread's next request of that class takes it
-//! back: neither touches a lock or a cache line another thread writes. The cap is what lets
-//! a thread that frees what another allocates (a consumer of prefetched batches) pass its
-//! blocks on through the shared classes instead of hoarding them while the other thread
-//! asks the OS.
+//! its cap, and the thread's next request of that class takes it back: neither touches a
+//! lock or a cache line another thread writes. A list's cap starts at [`START_CAP`] blocks
+//! and doubles each time its thread finds the list empty, up to 8 MiB worth
+//! ([`list_cap`]): a thread that allocates and frees many blocks of a class keeps them all,
+//! while a thread that only frees what another allocates (the consumer of a prefetching
+//! loader) keeps a few and passes the rest on through the shared classes instead of
+//! hoarding them while the other thread asks the OS.
 //! The slots of a pool are listed in its [`Registry`], so that another thread can recall
 //! what they hold (at a limit, on a lower limit, on `trim`) and sum their tallies.
 //!
@@ -65,16 +67,21 @@ const PEAK_BATCH: isize = 4 << 20;
 /// Bytes one class's list may hold (at least two blocks of any class).
 const LIST_BYTES: usize = 8 << 20;
 
-/// The most blocks of `capacity` bytes a thread's list keeps: 8 MiB worth, at least 2.
+/// The cap of a list its thread has not yet found empty.
+pub(super) const START_CAP: u32 = 32;
+
+/// The most blocks of `capacity` bytes a thread's list ever keeps: 8 MiB worth, at least 2.
 #[inline(always)]
 pub(super) fn list_cap(capacity: usize) -> u32 {
     (LIST_BYTES / capacity.max(1)).clamp(2, u32::MAX as usize) as u32
 }
 
-/// A slot's lists: the head of each class's list (null when empty) and its length.
+/// A slot's lists: the head of each class's list (null when empty), its length and its
+/// current cap.
 struct Lists {
     heads: [*mut u8; NUM_CLASSES],
     lens: [u32; NUM_CLASSES],
+    caps: [u32; NUM_CLASSES],
 }
 
 /// One thread's cache and tally for one pool.
@@ -150,6 +157,7 @@ impl Slot {
             lists: UnsafeCell::new(Lists {
                 heads: [ptr::null_mut(); NUM_CLASSES],
                 lens: [0; NUM_CLASSES],
+                caps: [START_CAP; NUM_CLASSES],
             }),
             bytes: AtomicUsize::new(0),
             tally: Tally {
@@ -198,6 +206,9 @@ impl Slot {
             lists.lens[class] -= 1;
             let bytes = self.bytes.load(Ordering::Relaxed);
             self.bytes.store(bytes - capacity, Ordering::Relaxed);
+        } else {
+            // This thread allocates the class faster than it frees it: let it keep more.
+            lists.caps[class] = lists.caps[class].saturating_mul(2).min(list_cap(capacity));
         }
         self.leave();
         block
@@ -219,7 +230,7 @@ impl Slot {
         }
         // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
         let lists = unsafe { &mut *self.lists.get() };
-        if lists.lens[class] >= list_cap(capacity) {
+        if lists.lens[class] >= lists.caps[class].min(list_cap(capacity)) {
             self.leave();
             return false;
         }
