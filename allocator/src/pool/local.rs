@@ -4,8 +4,14 @@
 //! A thread keeps, for each pool it allocates from, a [`Slot`]: one free list per size class
 //! (the blocks are linked through their first word), the bytes on those lists, and the
 //! thread's tally of allocations and frees. A block freed by that thread goes onto its list
-//! while the slot holds less than the pool's per-thread bound, and the thread's next request
-//! of that class takes it back: neither touches a lock or a cache line another thread writes.
+//! while the slot holds less than the pool's per-thread bound and the list is shorter than
+//! its cap, and the thread's next request of that class takes it back: neither touches a
+//! lock or a cache line another thread writes. A list's cap starts at [`START_CAP`] blocks
+//! and doubles each time its thread finds the list empty, up to 8 MiB worth
+//! ([`list_cap`]): a thread that allocates and frees many blocks of a class keeps them all,
+//! while a thread that only frees what another allocates (the consumer of a prefetching
+//! loader) keeps a few and passes the rest on through the shared classes instead of
+//! hoarding them while the other thread asks the OS.
 //! The slots of a pool are listed in its [`Registry`], so that another thread can recall
 //! what they hold (at a limit, on a lower limit, on `trim`) and sum their tallies.
 //!
@@ -58,14 +64,34 @@ use crate::sync::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
 
+/// Bytes one class's list may hold (at least two blocks of any class).
+const LIST_BYTES: usize = 8 << 20;
+
+/// The cap of a list its thread has not yet found empty.
+pub(super) const START_CAP: u32 = 32;
+
+/// The most blocks of `capacity` bytes a thread's list ever keeps: 8 MiB worth, at least 2.
+#[inline(always)]
+pub(super) fn list_cap(capacity: usize) -> u32 {
+    (LIST_BYTES / capacity.max(1)).clamp(2, u32::MAX as usize) as u32
+}
+
+/// A slot's lists: the head of each class's list (null when empty), its length and its
+/// current cap.
+struct Lists {
+    heads: [*mut u8; NUM_CLASSES],
+    lens: [u32; NUM_CLASSES],
+    caps: [u32; NUM_CLASSES],
+}
+
 /// One thread's cache and tally for one pool.
 pub(super) struct Slot {
     /// 1 while the owner is inside (takes or keeps a block).
     busy: AtomicUsize,
     /// 1 while a recaller wants in or is inside.
     recall: AtomicUsize,
-    /// Head of each class's free list (null when empty); see the handshake.
-    heads: UnsafeCell<[*mut u8; NUM_CLASSES]>,
+    /// Each class's free list; see the handshake.
+    lists: UnsafeCell<Lists>,
     /// Bytes on the lists; written by whoever is inside, read by anyone.
     bytes: AtomicUsize,
     tally: Tally,
@@ -128,7 +154,11 @@ impl Slot {
         Slot {
             busy: AtomicUsize::new(0),
             recall: AtomicUsize::new(0),
-            heads: UnsafeCell::new([ptr::null_mut(); NUM_CLASSES]),
+            lists: UnsafeCell::new(Lists {
+                heads: [ptr::null_mut(); NUM_CLASSES],
+                lens: [0; NUM_CLASSES],
+                caps: [START_CAP; NUM_CLASSES],
+            }),
             bytes: AtomicUsize::new(0),
             tally: Tally {
                 allocated: AtomicU64::new(0),
@@ -167,21 +197,26 @@ impl Slot {
             return None; // being recalled: this request goes to the shared classes
         }
         // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
-        let heads = unsafe { &mut *self.heads.get() };
-        let block = NonNull::new(heads[class]);
+        let lists = unsafe { &mut *self.lists.get() };
+        let block = NonNull::new(lists.heads[class]);
         if let Some(block) = block {
             // SAFETY: a listed block is a live allocation of at least 64 bytes, aligned to
             // 16, owned by this slot, whose first word holds the next block of the list.
-            heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+            lists.heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+            lists.lens[class] -= 1;
             let bytes = self.bytes.load(Ordering::Relaxed);
             self.bytes.store(bytes - capacity, Ordering::Relaxed);
+        } else {
+            // This thread allocates the class faster than it frees it: let it keep more.
+            lists.caps[class] = lists.caps[class].saturating_mul(2).min(list_cap(capacity));
         }
         self.leave();
         block
     }
 
     /// Owner: keeps `block` (of `class`, `capacity` bytes, owned by the caller) on the lists
-    /// if the slot stays within `bound` bytes; `false` leaves it with the caller.
+    /// if the slot stays within `bound` bytes and the list under its cap; `false` leaves
+    /// it with the caller.
     #[inline]
     pub(super) fn keep(
         &self,
@@ -194,11 +229,16 @@ impl Slot {
             return false;
         }
         // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
-        let heads = unsafe { &mut *self.heads.get() };
+        let lists = unsafe { &mut *self.lists.get() };
+        if lists.lens[class] >= lists.caps[class].min(list_cap(capacity)) {
+            self.leave();
+            return false;
+        }
         // SAFETY: the caller owns `block`, a pool block of at least 64 bytes aligned to 16:
         // its first word is ours to overwrite with the link.
-        unsafe { block.as_ptr().cast::<*mut u8>().write(heads[class]) };
-        heads[class] = block.as_ptr();
+        unsafe { block.as_ptr().cast::<*mut u8>().write(lists.heads[class]) };
+        lists.heads[class] = block.as_ptr();
+        lists.lens[class] += 1;
         // Read again: a recall may have emptied the slot since the bound was checked.
         let bytes = self.bytes.load(Ordering::Relaxed);
         self.bytes.store(bytes + capacity, Ordering::Relaxed);
@@ -222,8 +262,9 @@ impl Slot {
             std::thread::yield_now();
         }
         // SAFETY: the recaller is inside (the handshake): nobody else touches the lists.
-        let heads = unsafe { &mut *self.heads.get() };
-        for (class, head) in heads.iter_mut().enumerate() {
+        let lists = unsafe { &mut *self.lists.get() };
+        lists.lens = [0; NUM_CLASSES];
+        for (class, head) in lists.heads.iter_mut().enumerate() {
             let mut next = std::mem::replace(head, ptr::null_mut());
             while let Some(block) = NonNull::new(next) {
                 // SAFETY: a listed block holds the next block of its list in its first word;
