@@ -9,7 +9,7 @@
 # Suppressions (scripts/valgrind.supp) cover process-wide state only, each with its reason.
 #
 # With no arguments: the suites that touch unsafe code (the allocator crate's unit and
-# integration tests; ndmem's unit tests and its alloc, tensors, workspaces, device, stress
+# integration tests; ndmem's unit tests and its alloc, tensors, workspaces, device, stats, stress
 # and heap_tracking binaries): about 3 minutes on 2 cores. Extra arguments go to
 # `cargo test` instead (e.g. `-p ndmem --test workspaces`).
 set -euo pipefail
@@ -29,7 +29,7 @@ else
     # The four-thread limit tests assert that their threads met the limit, which needs them
     # to run side by side; memcheck runs one thread at a time, so they are left to the
     # plain runs (their memory accesses are checked by the other pool tests here).
-    cargo test -p ndmem --lib --test alloc --test tensors --test workspaces --test device \
+    cargo test -p ndmem --lib --test alloc --test tensors --test workspaces --test device --test stats \
         --test stress --test heap_tracking -- \
         --skip threads::the_limit_holds_exactly_with_four_threads_caching \
         --skip limits::limit_holds_under_four_threads

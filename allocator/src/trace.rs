@@ -164,6 +164,8 @@ static ON: AtomicBool = AtomicBool::new(false);
 /// Bumped whenever [`start`] installs a ring, so threads refresh their cached reference.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 static RING: Mutex<Option<&'static Ring>> = Mutex::new(None);
+/// Every ring ever made (see [`start`]).
+static RINGS_MADE: Mutex<Vec<&'static Ring>> = Mutex::new(Vec::new());
 static NAMES: RwLock<Vec<(Space, String)>> = RwLock::new(Vec::new());
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
 /// Pools seen by the recorder, by address; the index is the pool's name id.
@@ -305,7 +307,24 @@ pub fn start(capacity: usize) {
     ON.store(false, Ordering::Relaxed);
     match *ring {
         Some(r) if r.capacity() == capacity => r.restart(),
-        _ => *ring = Some(Box::leak(Box::new(Ring::new(capacity)))),
+        _ => {
+            // A thread may still hold the ring it last wrote to, so no ring is ever freed:
+            // each one made stays listed, and a later start of the same capacity reuses it
+            // (at most one ring per power of two).
+            let mut made = RINGS_MADE.lock().unwrap_or_else(PoisonError::into_inner);
+            let r = match made.iter().find(|r| r.capacity() == capacity) {
+                Some(r) => {
+                    r.restart();
+                    *r
+                }
+                None => {
+                    let r: &'static Ring = Box::leak(Box::new(Ring::new(capacity)));
+                    made.push(r);
+                    r
+                }
+            };
+            *ring = Some(r);
+        }
     }
     GENERATION.fetch_add(1, Ordering::Release);
     ON.store(true, Ordering::Release);
