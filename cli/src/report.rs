@@ -88,6 +88,34 @@ pub struct ModeReport {
     pub test_accuracy: f64,
     /// Per-step figures.
     pub series: Series,
+    /// The device the mode trained on, with its figures (`None`, absent from the JSON, for
+    /// a run on the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceReport>,
+}
+
+/// What a mode did on its device (`--device`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceReport {
+    /// The device, as `ndmem limits` describes it (`cuda:0 NVIDIA H100 ...`).
+    pub device: String,
+    /// Highest device bytes live during the mode.
+    pub peak_bytes: usize,
+    /// Times the mode asked the driver for memory (parameters and evaluation included).
+    pub driver_allocations: u64,
+    /// Driver allocations made by the first step.
+    pub first_step_driver_allocations: u64,
+    /// Mean driver allocations per step after the first (measured around each step).
+    pub driver_allocations_per_step: f64,
+    /// Host-to-device copies per step over the whole mode (parameters, the prefetched
+    /// batches and evaluation included).
+    pub htod_per_step: f64,
+    /// Device-to-host copies per step over the whole mode.
+    pub dtoh_per_step: f64,
+    /// Bytes copied to the device during the mode.
+    pub htod_bytes: u64,
+    /// Bytes copied back during the mode.
+    pub dtoh_bytes: u64,
 }
 
 /// Per-step figures, one value per step.
@@ -496,6 +524,7 @@ mod tests {
                 heap_allocations: vec![3; loss.len()],
                 step_nanos: vec![1000; loss.len()],
             },
+            device: None,
         }
     }
 

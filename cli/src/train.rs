@@ -21,7 +21,8 @@ use crate::model::Dims;
 use crate::modes::{Mode, Trainer};
 use crate::out::outln;
 use crate::report::{
-    mean_after_first, plural, steps_per_sec, Agreement, ModeReport, Report, RunConfig, Series,
+    mean_after_first, plural, steps_per_sec, Agreement, DeviceReport, ModeReport, Report,
+    RunConfig, Series,
 };
 use crate::{chart, limits, paths, Failure};
 
@@ -208,7 +209,6 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     let keep_bars = std::io::stdout().is_terminal();
     for &mode in &options.modes {
         let bar = progress_bar(mode, total);
-        let device_before = device.as_ref().map(Device::stats);
         let measured =
             run_mode(mode, options, &split, dims, &bar, device.as_ref()).map_err(|e| {
                 // The error line says which mode and step failed; no half-drawn bar stays.
@@ -239,22 +239,20 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         } else {
             bar.finish_and_clear();
         }
-        if let (Some(gpu), Some(before)) = (&device, device_before) {
-            let s = gpu.stats().since(&before);
-            let steps = measured.steps.max(1) as f64;
+        if let Some(d) = &measured.device {
             outln!(
-                "  {} on {}:{}: device peak {}, driver allocations {} in {} steps",
+                "  {} on {}: device peak {}, driver allocations {} ({} in step 1, {:.2}/step after)",
                 mode.name(),
-                gpu.kind(),
-                gpu.ordinal(),
-                ByteSize(s.peak_live_bytes),
-                s.driver_allocations,
-                measured.steps,
+                d.device.split(' ').next().unwrap_or_default(),
+                ByteSize(d.peak_bytes),
+                d.driver_allocations,
+                d.first_step_driver_allocations,
+                d.driver_allocations_per_step,
             );
             outln!(
                 "    transfers/step: {:.2} in, {:.2} out (parameters and evaluation included)",
-                s.htod_transfers as f64 / steps,
-                s.dtoh_transfers as f64 / steps,
+                d.htod_per_step,
+                d.dtoh_per_step,
             );
         }
         report.modes.push(measured);
@@ -482,6 +480,8 @@ fn run_mode(
         })
         .map_err(|e| format!("creating the parameters: {e}"))?;
     peaks.take(&pool.stats());
+    let device_start = device.map(Device::stats);
+    let mut device_steps: Vec<u64> = Vec::new();
     // Started once the parameters exist: the producer's pool allocations (its first batch,
     // then its ring) come before the first batch is handed over, outside every step, and
     // reading a batch is outside the timed region.
@@ -500,6 +500,7 @@ fn run_mode(
         };
         pool.reset_peak();
         let (before, heap_before) = (pool.stats(), heap::stats());
+        let device_before = device.map(|d| d.stats().driver_allocations);
 
         let started = Instant::now();
         let loss = match &host {
@@ -522,6 +523,9 @@ fn run_mode(
         }
 
         let (after, heap_after) = (pool.stats(), heap::stats());
+        if let (Some(gpu), Some(b)) = (device, device_before) {
+            device_steps.push(gpu.stats().driver_allocations - b);
+        }
         peaks.take(&after);
         peak_heap = peak_heap.max(heap_after.peak_bytes.saturating_sub(heap_base));
         series.loss.push(loss);
@@ -555,6 +559,24 @@ fn run_mode(
     peaks.take(&pool.stats());
     let final_loss = series.loss.last().copied();
     let steps = series.loss.len();
+    let device = match (device, device_start) {
+        (Some(gpu), Some(start)) => {
+            let s = gpu.stats().since(&start);
+            let per_step = |n: u64| n as f64 / steps.max(1) as f64;
+            Some(DeviceReport {
+                device: gpu.describe(),
+                peak_bytes: s.peak_live_bytes,
+                driver_allocations: s.driver_allocations,
+                first_step_driver_allocations: device_steps.first().copied().unwrap_or(0),
+                driver_allocations_per_step: mean_after_first(&device_steps),
+                htod_per_step: per_step(s.htod_transfers),
+                dtoh_per_step: per_step(s.dtoh_transfers),
+                htod_bytes: s.htod_bytes,
+                dtoh_bytes: s.dtoh_bytes,
+            })
+        }
+        _ => None,
+    };
     let seconds = elapsed.as_secs_f64();
     Ok(ModeReport {
         mode: mode.name().to_string(),
@@ -571,6 +593,7 @@ fn run_mode(
         final_loss,
         test_accuracy: accuracy,
         series,
+        device,
     })
 }
 

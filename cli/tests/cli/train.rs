@@ -370,6 +370,26 @@ fn on_a_simulated_device_every_mode_agrees_with_the_host_run() {
     for (a, b) in h.iter().zip(&d) {
         assert!(((a - b) / a).abs() < 1e-4, "host {a} vs device {b}");
     }
+    // The report carries each mode's device figures; a host run has none.
+    assert!(host_json["modes"][0].get("device").is_none());
+    for (i, mode) in MODES.iter().enumerate() {
+        let device = &json["modes"][i]["device"];
+        assert!(
+            device["device"].as_str().unwrap().starts_with("sim:0"),
+            "{mode}: {device}"
+        );
+        assert!(device["peak_bytes"].as_u64().unwrap() > 0, "{mode}: {device}");
+        // Each step copies its batch in (features and labels) and its loss out.
+        let htod = device["htod_per_step"].as_f64().unwrap();
+        let dtoh = device["dtoh_per_step"].as_f64().unwrap();
+        assert!((2.0..2.8).contains(&htod), "{mode}: {device}");
+        assert!((1.0..1.5).contains(&dtoh), "{mode}: {device}");
+        assert!(device["htod_bytes"].as_u64().unwrap() > 0, "{mode}: {device}");
+    }
+    // Warm after the first mode: workspaces mode asks the driver for nothing per step.
+    let ws = &json["modes"][1]["device"];
+    assert_eq!(json["modes"][1]["mode"], "workspaces");
+    assert_eq!(ws["driver_allocations_per_step"].as_f64(), Some(0.0), "{ws}");
 }
 
 #[test]
