@@ -378,18 +378,28 @@ fn on_a_simulated_device_every_mode_agrees_with_the_host_run() {
             device["device"].as_str().unwrap().starts_with("sim:0"),
             "{mode}: {device}"
         );
-        assert!(device["peak_bytes"].as_u64().unwrap() > 0, "{mode}: {device}");
+        assert!(
+            device["peak_bytes"].as_u64().unwrap() > 0,
+            "{mode}: {device}"
+        );
         // Each step copies its batch in (features and labels) and its loss out.
         let htod = device["htod_per_step"].as_f64().unwrap();
         let dtoh = device["dtoh_per_step"].as_f64().unwrap();
         assert!((2.0..2.8).contains(&htod), "{mode}: {device}");
         assert!((1.0..1.5).contains(&dtoh), "{mode}: {device}");
-        assert!(device["htod_bytes"].as_u64().unwrap() > 0, "{mode}: {device}");
+        assert!(
+            device["htod_bytes"].as_u64().unwrap() > 0,
+            "{mode}: {device}"
+        );
     }
     // Warm after the first mode: workspaces mode asks the driver for nothing per step.
     let ws = &json["modes"][1]["device"];
     assert_eq!(json["modes"][1]["mode"], "workspaces");
-    assert_eq!(ws["driver_allocations_per_step"].as_f64(), Some(0.0), "{ws}");
+    assert_eq!(
+        ws["driver_allocations_per_step"].as_f64(),
+        Some(0.0),
+        "{ws}"
+    );
 }
 
 #[test]
