@@ -289,7 +289,8 @@ impl fmt::Display for OomReport {
                 ..
             } => write!(
                 f,
-                "Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; off-heap {} of {} limit in use ({holders})",
+                "Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; {} {} of {} limit in use ({holders})",
+                kind.budget(),
                 ByteSize(*used),
                 ByteSize(*limit)
             )?,

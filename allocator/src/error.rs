@@ -42,6 +42,16 @@ pub enum MemoryKind {
     Device(u32),
 }
 
+impl MemoryKind {
+    /// The budget's name in messages: `off-heap` for the host pool, `device` for a GPU.
+    pub fn budget(&self) -> &'static str {
+        match self {
+            MemoryKind::Host => "off-heap",
+            MemoryKind::Device(_) => "device",
+        }
+    }
+}
+
 impl fmt::Display for MemoryKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -90,8 +100,8 @@ impl fmt::Display for Holders {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
     /// The budget (`NDMEM_MAX_BYTES`, or a device budget) would be exceeded.
-    #[error("Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; off-heap {used} of {limit} limit in use ({holders}); raise {variable} or free memory (close scopes, detach fewer tensors, destroy unused workspaces)",
-        used = ByteSize(*.used), limit = ByteSize(*.limit))]
+    #[error("Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; {budget} {used} of {limit} limit in use ({holders}); raise {variable} or free memory (close scopes, detach fewer tensors, destroy unused workspaces)",
+        budget = .kind.budget(), used = ByteSize(*.used), limit = ByteSize(*.limit))]
     OutOfMemory {
         /// Host or device memory.
         kind: MemoryKind,

@@ -148,6 +148,12 @@ fn out_of_memory_names_the_device_and_what_holds_its_memory() {
     assert!(msg.contains("NDMEM_MAX_DEVICE_BYTES"), "{msg}");
     assert!(msg.contains("workspaces 256.0 KiB"), "{msg}");
     assert!(msg.contains("tensors 512.0 KiB"), "{msg}");
+    // The device budget is named as such, not as the host's off-heap one.
+    assert!(
+        msg.contains("device 768.0 KiB of 1.00 MiB limit in use"),
+        "{msg}"
+    );
+    assert!(!msg.contains("off-heap"), "{msg}");
     match err.alloc_error() {
         Some(&AllocError::OutOfMemory {
             kind,
