@@ -12,8 +12,8 @@
 //! [`crate::MemorySource`] was made for runs [`collect`] before it refuses an allocation
 //! at its limit (semantics §1, §6). A deferred block is freed to its own pool.
 //!
-//! Freeing never aborts for want of heap: deferring allocates (crossbeam boxes the closure
-//! and queues bags), so `defer_free` first asks the heap's budget whether it has room for
+//! Freeing never aborts for want of heap: deferring allocates (crossbeam queues a bag per
+//! flush; a deferred block, three words, is kept inline in it, unboxed), so `defer_free` first asks the heap's budget whether it has room for
 //! it ([`HEAP_ROOM`], a few atomic loads, no allocation); if not, the block waits in a fixed reserve set aside in static
 //! memory ([`PARKED_CAPACITY`] blocks, no heap), to be deferred by a later free or
 //! [`collect`] that finds room. Deferring a block later than it was freed is always
@@ -23,17 +23,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_epoch as epoch;
-use ndmem_alloc::{Block, Pool};
+use ndmem_alloc::{Block, FreedBlock, Pool};
 
 /// Pending bytes past which the thread that defers a free also collects.
 pub const AUTO_COLLECT_BYTES: usize = 64 << 20;
 
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 
-/// Heap bytes a deferral may need at most: crossbeam's boxed closure, a sealed bag of 64
-/// deferred calls with its queue node (about 2 KiB), and the thread's registration with
-/// the epoch (about 2 KiB) on its first pin. A free goes to the epoch only when this much
-/// can be allocated.
+/// Heap bytes a deferral may need at most: a sealed bag of 64 deferred calls with its queue
+/// node (about 2 KiB; a deferred block is three words, kept inline), and the thread's
+/// registration with the epoch (about 2 KiB) on its first pin. A free goes to the epoch
+/// only when this much can be allocated.
 pub const HEAP_ROOM: usize = 8 << 10;
 
 /// Blocks the reserve of frees waiting for heap room holds at most. Past it (that many
@@ -67,10 +67,12 @@ fn heap_has_room() -> bool {
 
 /// Hands `block` (whose bytes are already counted in `PENDING`) to the epoch.
 fn defer(block: Block<'static>) {
-    let bytes = block.capacity();
+    // Three words: crossbeam-epoch keeps the call inline in the thread's bag, unboxed.
+    let freed: FreedBlock<'static> = block.into_freed();
     let guard = epoch::pin();
     guard.defer(move || {
-        drop(block);
+        let bytes = freed.capacity();
+        drop(freed);
         PENDING.fetch_sub(bytes, Ordering::Relaxed);
     });
     // Hand the garbage to the global queue now, so that a loop reusing one shape gets its

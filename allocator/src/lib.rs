@@ -50,7 +50,9 @@ pub use limits::{
     ENV_MAX_DEVICE_BYTES, ENV_MAX_HEAP, ENV_MAX_PHYSICAL_BYTES,
 };
 pub use physical::{page_size, physical_bytes, physical_ram};
-pub use pool::{Block, Pool, PoolStats, Reservation, Usage, MAX_ALIGN, SLOTS_PER_CLASS};
+pub use pool::{
+    Block, FreedBlock, Pool, PoolStats, Reservation, Usage, MAX_ALIGN, SLOTS_PER_CLASS,
+};
 pub use slots::Slots;
 #[cfg(not(ndmem_loom))]
 pub use tracking::{heap, HeapStats, Tracking};

@@ -116,3 +116,30 @@ fn creating_and_dropping_workspace_tensors_allocates_nothing() {
         "heap allocations per cycle: {counts:?}"
     );
 }
+
+#[test]
+fn a_pool_tensor_costs_at_most_one_heap_allocation_from_creation_to_free() {
+    // Outside workspaces a tensor's memory is a pool block, freed through the epoch when
+    // its last handle drops. The deferred free is three words, kept inline by the epoch;
+    // what remains is the queue node of the flush that makes the block collectible by any
+    // thread at once.
+    const TENSORS: u64 = 64;
+    let mut counts = Vec::new();
+    for _ in 0..4 {
+        let (n, ()) = allocations(|| {
+            for i in 0..TENSORS {
+                let t = Tensor::full(DType::F32, &[4, 8], i as f64).unwrap();
+                let u = t.add_scalar(1.0).unwrap();
+                assert!(u.is_valid());
+            }
+        });
+        ndmem::reclaim::collect();
+        counts.push(n);
+    }
+    // Two tensors per iteration.
+    assert!(
+        counts[1..].iter().all(|&n| n <= 2 * TENSORS),
+        "heap allocations per {} tensors: {counts:?}",
+        2 * TENSORS
+    );
+}

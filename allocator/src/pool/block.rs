@@ -129,6 +129,63 @@ impl Drop for Block<'_> {
     }
 }
 
+impl<'p> Block<'p> {
+    /// The block reduced to what giving it back needs, in three words: a deferred free
+    /// that holds a [`FreedBlock`] fits inline in crossbeam-epoch's deferred call (three
+    /// words), so deferring it allocates nothing. Its bytes can no longer be read.
+    #[inline]
+    pub fn into_freed(self) -> FreedBlock<'p> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // Capacities are multiples of 16 (the classes) or of the page: the low two bits
+        // carry the usage.
+        debug_assert_eq!(this.capacity & 3, 0);
+        FreedBlock {
+            ptr: this.ptr,
+            packed: this.capacity | this.usage.index(),
+            pool: this.pool,
+        }
+    }
+}
+
+/// A block on its way back to its pool ([`Block::into_freed`]); dropping it gives it back.
+pub struct FreedBlock<'p> {
+    ptr: NonNull<u8>,
+    /// The capacity, with the usage's index in the low two bits.
+    packed: usize,
+    pool: &'p Pool,
+}
+
+// SAFETY: as for `Block`: it owns its memory exclusively (and gives no access to it), and
+// the pool it returns to is Sync.
+unsafe impl Send for FreedBlock<'_> {}
+// SAFETY: `&FreedBlock` gives access to nothing but its capacity.
+unsafe impl Sync for FreedBlock<'_> {}
+
+impl FreedBlock<'_> {
+    /// Bytes the block occupies (its size class).
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.packed & !3
+    }
+}
+
+impl fmt::Debug for FreedBlock<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FreedBlock")
+            .field("ptr", &self.ptr)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+impl Drop for FreedBlock<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        let usage = Usage::from_index(self.packed & 3);
+        self.pool.release(self.ptr, self.capacity(), usage);
+    }
+}
+
 /// Bytes obtained outside the pool but counted against its limits (see [`Pool::reserve`]).
 #[derive(Debug)]
 pub struct Reservation<'p> {

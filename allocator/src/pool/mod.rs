@@ -53,7 +53,7 @@ use crate::slots::Slots;
 use crate::sync::{AtomicUsize, Ordering};
 use crate::trace::EventKind;
 
-pub use block::{Block, Reservation};
+pub use block::{Block, FreedBlock, Reservation};
 pub use class::MAX_ALIGN;
 pub use stats::{PoolStats, Usage};
 

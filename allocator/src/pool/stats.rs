@@ -31,6 +31,16 @@ impl Usage {
     pub(super) fn index(self) -> usize {
         self as usize
     }
+
+    /// The usage of index `i` (`i & 3`).
+    pub(super) fn from_index(i: usize) -> Usage {
+        match i & 3 {
+            0 => Usage::Tensor,
+            1 => Usage::Workspace,
+            2 => Usage::Mirror,
+            _ => Usage::Other,
+        }
+    }
 }
 
 /// Pool statistics (semantics §1). Bytes are block capacities: what the pool really holds.
