@@ -11,7 +11,6 @@
 #![allow(unsafe_code)]
 
 use super::backend::Backend;
-use super::stats::bump;
 use super::{Device, DeviceMemory, DeviceMemoryMut};
 use crate::error::{Error, Result};
 
@@ -133,11 +132,12 @@ impl Device {
         if m.device_ptr() % 4 != 0 {
             return Err(shape("an operand is not aligned to 4 bytes".into()));
         }
+        self.inner.check_captured(op, m.device_ptr(), bytes)?;
         Ok(m.device_ptr())
     }
 
     fn launched(&self) {
-        bump(&self.inner.counters.kernel_launches, 1);
+        self.inner.count_launch();
     }
 
     /// `y[i] = op(x[i])` for `i < n`.
@@ -150,12 +150,16 @@ impl Device {
         self.launched();
         match &self.inner.backend {
             Backend::Sim(_) => {
-                // SAFETY: checked live, aligned ranges of `n` floats of this (host-memory)
-                // device; `y` is borrowed exclusively, so it does not alias `x`.
-                let (xs, ys) = unsafe { (sim_in(xp, n), sim_out(yp, n)) };
-                for (o, v) in ys.iter_mut().zip(xs) {
-                    *o = op.apply(*v);
-                }
+                self.inner.sim_run(move || {
+                    // SAFETY: checked, aligned ranges of `n` floats of this (host-memory)
+                    // device; `y` is borrowed exclusively, so it does not alias `x`. Run
+                    // now, they are live for the call; replayed from a graph, they lie in
+                    // its memory, which the replay borrows exclusively (see `graph`).
+                    let (xs, ys) = unsafe { (sim_in(xp, n), sim_out(yp, n)) };
+                    for (o, v) in ys.iter_mut().zip(xs) {
+                        *o = op.apply(*v);
+                    }
+                });
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -183,11 +187,13 @@ impl Device {
         self.launched();
         match &self.inner.backend {
             Backend::Sim(_) => {
-                // SAFETY: as in `unary_f32`.
-                let (xs, ys) = unsafe { (sim_in(xp, n), sim_out(yp, n)) };
-                for (o, v) in ys.iter_mut().zip(xs) {
-                    *o = alpha * *v + beta;
-                }
+                self.inner.sim_run(move || {
+                    // SAFETY: as in `unary_f32`.
+                    let (xs, ys) = unsafe { (sim_in(xp, n), sim_out(yp, n)) };
+                    for (o, v) in ys.iter_mut().zip(xs) {
+                        *o = alpha * *v + beta;
+                    }
+                });
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -236,12 +242,14 @@ impl Device {
         self.launched();
         match &self.inner.backend {
             Backend::Sim(_) => {
-                // SAFETY: as in `unary_f32`; `a` and `b` are only read.
-                let (av, bv, ys) =
-                    unsafe { (sim_in(ap, a_len), sim_in(bp, b_len), sim_out(yp, n)) };
-                for (i, o) in ys.iter_mut().enumerate() {
-                    *o = op.apply(av[i % a_len], bv[i % b_len]);
-                }
+                self.inner.sim_run(move || {
+                    // SAFETY: as in `unary_f32`; `a` and `b` are only read.
+                    let (av, bv, ys) =
+                        unsafe { (sim_in(ap, a_len), sim_in(bp, b_len), sim_out(yp, n)) };
+                    for (i, o) in ys.iter_mut().enumerate() {
+                        *o = op.apply(av[i % a_len], bv[i % b_len]);
+                    }
+                });
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -272,11 +280,13 @@ impl Device {
         self.launched();
         match &self.inner.backend {
             Backend::Sim(_) => {
-                // SAFETY: as in `unary_f32`.
-                let (xs, ys) = unsafe { (sim_in(xp, n), sim_out(yp, n)) };
-                for (o, v) in ys.iter_mut().zip(xs) {
-                    *o += alpha * *v;
-                }
+                self.inner.sim_run(move || {
+                    // SAFETY: as in `unary_f32`.
+                    let (xs, ys) = unsafe { (sim_in(xp, n), sim_out(yp, n)) };
+                    for (o, v) in ys.iter_mut().zip(xs) {
+                        *o += alpha * *v;
+                    }
+                });
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -327,19 +337,21 @@ impl Device {
         self.launched();
         match &self.inner.backend {
             Backend::Sim(_) => {
-                // SAFETY: as in `unary_f32`.
-                let (xs, os) = unsafe { (sim_in(xp, n), sim_out(op, out_len)) };
-                os.fill(0.0);
-                for r in 0..rows {
-                    for c in 0..cols {
-                        let v = xs[r * cols + c];
-                        if axis == 1 {
-                            os[r] += v;
-                        } else {
-                            os[c] += v;
+                self.inner.sim_run(move || {
+                    // SAFETY: as in `unary_f32`.
+                    let (xs, os) = unsafe { (sim_in(xp, n), sim_out(op, out_len)) };
+                    os.fill(0.0);
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            let v = xs[r * cols + c];
+                            if axis == 1 {
+                                os[r] += v;
+                            } else {
+                                os[c] += v;
+                            }
                         }
                     }
-                }
+                });
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -383,21 +395,23 @@ impl Device {
         self.launched();
         match &self.inner.backend {
             Backend::Sim(_) => {
-                // SAFETY: as in `unary_f32`.
-                let (xs, ys) = unsafe { (sim_in(xp, n), sim_out(yp, n)) };
-                for r in 0..rows {
-                    let row = &xs[r * cols..(r + 1) * cols];
-                    let out = &mut ys[r * cols..(r + 1) * cols];
-                    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let total: f32 = row.iter().map(|v| (v - m).exp()).sum();
-                    for (o, v) in out.iter_mut().zip(row) {
-                        *o = if log {
-                            (v - m) - total.ln()
-                        } else {
-                            (v - m).exp() / total
-                        };
+                self.inner.sim_run(move || {
+                    // SAFETY: as in `unary_f32`.
+                    let (xs, ys) = unsafe { (sim_in(xp, n), sim_out(yp, n)) };
+                    for r in 0..rows {
+                        let row = &xs[r * cols..(r + 1) * cols];
+                        let out = &mut ys[r * cols..(r + 1) * cols];
+                        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let total: f32 = row.iter().map(|v| (v - m).exp()).sum();
+                        for (o, v) in out.iter_mut().zip(row) {
+                            *o = if log {
+                                (v - m) - total.ln()
+                            } else {
+                                (v - m).exp() / total
+                            };
+                        }
                     }
-                }
+                });
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -454,30 +468,32 @@ impl Device {
         self.launched();
         match &self.inner.backend {
             Backend::Sim(_) => {
-                // SAFETY: as in `unary_f32`.
-                let (av, bv, cv) =
-                    unsafe { (sim_in(ap, m * k), sim_in(bp, k * n), sim_out(cp, m * n)) };
-                cv.fill(0.0);
-                for i in 0..m {
-                    for p in 0..k {
-                        let x = if trans_a {
-                            av[p * m + i]
-                        } else {
-                            av[i * k + p]
-                        };
-                        if x == 0.0 {
-                            continue;
-                        }
-                        for j in 0..n {
-                            let y = if trans_b {
-                                bv[j * k + p]
+                self.inner.sim_run(move || {
+                    // SAFETY: as in `unary_f32`.
+                    let (av, bv, cv) =
+                        unsafe { (sim_in(ap, m * k), sim_in(bp, k * n), sim_out(cp, m * n)) };
+                    cv.fill(0.0);
+                    for i in 0..m {
+                        for p in 0..k {
+                            let x = if trans_a {
+                                av[p * m + i]
                             } else {
-                                bv[p * n + j]
+                                av[i * k + p]
                             };
-                            cv[i * n + j] += x * y;
+                            if x == 0.0 {
+                                continue;
+                            }
+                            for j in 0..n {
+                                let y = if trans_b {
+                                    bv[j * k + p]
+                                } else {
+                                    bv[p * n + j]
+                                };
+                                cv[i * n + j] += x * y;
+                            }
                         }
                     }
-                }
+                });
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -486,6 +502,8 @@ impl Device {
                     return Ok(());
                 }
                 if k == 0 {
+                    self.inner
+                        .refuse_while_capturing("an empty matrix product (a memset)")?;
                     // SAFETY: a checked live range of `m * n` floats, borrowed exclusively.
                     return unsafe { self.inner.backend.memset(cp, 0, m * n * 4) };
                 }

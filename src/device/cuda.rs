@@ -7,13 +7,18 @@
 //! cudarc), and every driver error becomes `Error::NoDevice` (no usable device) or
 //! `Error::Device` (a device that failed) with the driver's message. All work goes to the
 //! context's default (null) stream, so copies, kernels and events are ordered with each
-//! other; copies are synchronous with respect to the host.
+//! other; copies are synchronous with respect to the host. A graph capture is the one
+//! exception: kernels launched while one is under way go to a stream of its own (the
+//! legacy stream cannot be captured), which waits for the default stream's work before a
+//! replay and makes the default stream wait for the replay after it, so the order holds.
 
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use std::sync::{Mutex, PoisonError};
+
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaGraph, CudaStream, DriverError};
 
 use crate::error::{Error, Result};
 
@@ -24,6 +29,28 @@ pub(crate) struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     compute: super::kernels::Compute,
+    /// The stream a graph capture under way records on (`None`: no capture).
+    capturing: Mutex<Option<Arc<CudaStream>>>,
+}
+
+/// A captured, instantiated CUDA graph and the stream it replays on.
+pub(crate) struct CudaGraphExec {
+    graph: CudaGraph,
+    stream: Arc<CudaStream>,
+}
+
+// SAFETY: CUDA graph objects must not be used from two threads at once; a replay needs the
+// exclusive borrow of the graph's memory (`GraphMemory::launch(&mut self, ..)`), and the
+// graph is destroyed only by its owner, so its uses are serialised.
+unsafe impl Send for CudaGraphExec {}
+// SAFETY: as for `Send`: shared references only reach the graph through that exclusive
+// borrow.
+unsafe impl Sync for CudaGraphExec {}
+
+impl std::fmt::Debug for CudaGraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaGraphExec").finish_non_exhaustive()
+    }
 }
 
 /// Says whether the CUDA driver library can be loaded, with the reason when it cannot.
@@ -75,6 +102,7 @@ impl Cuda {
             ctx,
             stream,
             compute: Default::default(),
+            capturing: Mutex::new(None),
         })
     }
 
@@ -265,5 +293,67 @@ impl Cuda {
     /// The stream all work goes to.
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The stream kernels and cuBLAS go to now: the capture's while one is under way.
+    pub(crate) fn launch_stream(&self) -> Arc<CudaStream> {
+        self.capturing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| Arc::clone(&self.stream))
+    }
+
+    /// Starts recording the kernels launched from now on (from this thread) into a graph,
+    /// on a stream of its own that first waits for the work queued so far.
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        self.bind()?;
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(|e| self.err("creating the capture stream", e))?;
+        stream
+            .join(&self.stream)
+            .map_err(|e| self.err("ordering the capture stream", e))?;
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| self.err("cuStreamBeginCapture", e))?;
+        *self
+            .capturing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(stream);
+        Ok(())
+    }
+
+    /// Ends the capture begun by [`Cuda::begin_capture`] and instantiates its graph
+    /// (`None` when nothing was captured).
+    pub(crate) fn end_capture(&self) -> Result<Option<CudaGraphExec>> {
+        let stream = self
+            .capturing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(stream) = stream else {
+            return Ok(None);
+        };
+        let graph = stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| self.err("cuStreamEndCapture", e))?;
+        Ok(graph.map(|graph| CudaGraphExec { graph, stream }))
+    }
+
+    /// Replays `exec` after the work queued so far; the default stream's later work waits
+    /// for it.
+    pub(crate) fn launch_graph(&self, exec: &CudaGraphExec) -> Result<()> {
+        self.bind()?;
+        exec.stream
+            .join(&self.stream)
+            .map_err(|e| self.err("ordering the graph launch", e))?;
+        exec.graph
+            .launch()
+            .map_err(|e| self.err("cuGraphLaunch", e))?;
+        self.stream
+            .join(&exec.stream)
+            .map_err(|e| self.err("ordering after the graph launch", e))
     }
 }

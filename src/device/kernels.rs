@@ -227,6 +227,7 @@ impl Cuda {
     ) -> Result<()> {
         let f = self.kernels()?.functions[kernel as usize];
         self.bind_context()?;
+        let stream = self.launch_stream();
         let mut params: Vec<*mut c_void> = args
             .iter_mut()
             .map(|a| match a {
@@ -244,7 +245,7 @@ impl Cuda {
                 (grid.max(1), 1, 1),
                 (block, 1, 1),
                 0,
-                self.stream().cu_stream(),
+                stream.cu_stream(),
                 &mut params,
             )
         }
@@ -307,6 +308,11 @@ impl Cuda {
                 blas_sys::cublasOperation_t::CUBLAS_OP_N
             }
         };
+        // The handle follows the stream kernels go to (a capture's, while one is under way).
+        let stream = self.launch_stream();
+        // SAFETY: the handle is this device's and the stream a live stream of its context.
+        unsafe { cudarc::cublas::result::set_stream(*blas.handle(), stream.cu_stream() as _) }
+            .map_err(|e| err(format!("cublasSetStream: {e:?}")))?;
         // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
         let lda = if trans_a { m } else { k };
         let ldb = if trans_b { k } else { n };

@@ -26,6 +26,7 @@ mod backend;
 mod compute;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod graph;
 #[cfg(feature = "cuda")]
 mod kernels;
 mod limit;
@@ -51,6 +52,7 @@ use backend::Backend;
 
 pub use backend::BackendKind;
 pub use compute::{BinaryOp, UnaryOp};
+pub use graph::{Graph, GraphMemory, Region, RegionMut, RegionRef, REGION_ALIGN};
 pub use limit::DeviceLimit;
 pub use mirror::{Mirror, MirrorDevice, MirrorDeviceMut};
 pub use pinned::PinnedBuffer;
@@ -109,6 +111,10 @@ pub(crate) struct Inner {
     fence_lock: Mutex<()>,
     total_memory: usize,
     limit_given: DeviceLimit,
+    /// The graph capture under way, if any ([`graph`]); `capturing` says so without the
+    /// lock.
+    capture: Mutex<Option<graph::Capture>>,
+    capturing: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Inner {
@@ -307,6 +313,8 @@ impl Device {
                 fence_lock: Mutex::new(()),
                 total_memory,
                 limit_given,
+                capture: Mutex::new(None),
+                capturing: std::sync::atomic::AtomicBool::new(false),
             }),
         }))
     }
@@ -372,12 +380,15 @@ impl Device {
 
     /// Waits for all work queued on the device.
     pub fn synchronize(&self) -> Result<()> {
+        self.inner
+            .refuse_while_capturing("waiting for the device")?;
         stats::bump(&self.inner.counters.synchronizations, 1);
         self.inner.backend.synchronize()
     }
 
     /// An event recorded after all work queued so far.
     pub fn record_event(&self) -> Result<Event> {
+        self.inner.refuse_while_capturing("recording an event")?;
         Ok(Event {
             device: Arc::clone(&self.inner),
             fence: self.inner.backend.fence()?,

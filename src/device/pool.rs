@@ -168,6 +168,7 @@ impl Drop for DeviceBuffer {
 impl Inner {
     /// A buffer of `bytes` from this device's pool, counted as `usage` (semantics §5).
     pub(crate) fn allocate(self: &Arc<Self>, bytes: usize, usage: Usage) -> Result<DeviceBuffer> {
+        self.refuse_while_capturing("allocating device memory")?;
         if bytes == 0 || bytes > isize::MAX as usize {
             return Err(Error::Alloc(AllocError::InvalidLayout {
                 size: bytes,

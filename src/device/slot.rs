@@ -96,6 +96,16 @@ pub(crate) struct RawRange {
 }
 
 impl RawRange {
+    /// All of `memory`.
+    pub(crate) fn of<M: DeviceMemory + ?Sized>(memory: &M) -> RawRange {
+        RawRange {
+            ordinal: memory.ordinal(),
+            device_id: memory.device_id(),
+            ptr: memory.device_ptr(),
+            len: memory.len(),
+        }
+    }
+
     /// The part from byte `offset` on.
     pub(crate) fn offset(self, offset: usize) -> RawRange {
         let offset = offset.min(self.len);

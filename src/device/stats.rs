@@ -37,6 +37,7 @@ pub(crate) struct Counters {
     pub(crate) synchronizations: AtomicU64,
     pub(crate) fences_before_free: AtomicU64,
     pub(crate) kernel_launches: AtomicU64,
+    pub(crate) graph_launches: AtomicU64,
 }
 
 pub(crate) fn usage_index(usage: Usage) -> usize {
@@ -90,6 +91,7 @@ impl Counters {
             synchronizations: get(&self.synchronizations),
             fences_before_free: get(&self.fences_before_free),
             kernel_launches: get(&self.kernel_launches),
+            graph_launches: get(&self.graph_launches),
         }
     }
 }
@@ -142,8 +144,11 @@ pub struct DeviceStats {
     pub synchronizations: u64,
     /// Fences waited on before a device or pinned buffer was reused or freed.
     pub fences_before_free: u64,
-    /// Device operations launched (kernels and matrix products).
+    /// Device operations launched (kernels and matrix products), those of graph replays
+    /// included.
     pub kernel_launches: u64,
+    /// Graph replays ([`super::GraphMemory::launch`]).
+    pub graph_launches: u64,
 }
 
 impl DeviceStats {
@@ -169,6 +174,7 @@ impl DeviceStats {
             synchronizations: self.synchronizations - earlier.synchronizations,
             fences_before_free: self.fences_before_free - earlier.fences_before_free,
             kernel_launches: self.kernel_launches - earlier.kernel_launches,
+            graph_launches: self.graph_launches - earlier.graph_launches,
             ..*self
         }
     }

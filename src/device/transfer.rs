@@ -52,6 +52,7 @@ impl Device {
     /// Copies `src` (pageable host memory) to the start of `dst`, through the pinned
     /// staging buffer.
     pub fn upload<M: DeviceMemoryMut + ?Sized>(&self, src: &[u8], dst: &mut M) -> Result<()> {
+        self.inner.refuse_while_capturing("a copy")?;
         self.check(dst, "upload")?;
         self.check_len("upload", src.len(), dst.len())?;
         self.staged_htod(src, dst.device_ptr())?;
@@ -64,6 +65,7 @@ impl Device {
     /// Copies the start of `src` into `dst` (pageable host memory), through the pinned
     /// staging buffer.
     pub fn download<M: DeviceMemory + ?Sized>(&self, src: &M, dst: &mut [u8]) -> Result<()> {
+        self.inner.refuse_while_capturing("a copy")?;
         self.check(src, "download")?;
         self.check_len("download", dst.len(), src.len())?;
         self.staged_dtoh(src.device_ptr(), dst)?;
@@ -79,6 +81,7 @@ impl Device {
         src: &PinnedBuffer,
         dst: &mut M,
     ) -> Result<()> {
+        self.inner.refuse_while_capturing("a copy")?;
         self.check(dst, "upload")?;
         self.check(src, "upload")?;
         self.check_len("upload", src.len(), dst.len())?;
@@ -101,6 +104,7 @@ impl Device {
         src: &M,
         dst: &mut PinnedBuffer,
     ) -> Result<()> {
+        self.inner.refuse_while_capturing("a copy")?;
         self.check(src, "download")?;
         self.check(dst, "download")?;
         self.check_len("download", dst.len(), src.len())?;
@@ -123,6 +127,7 @@ impl Device {
         S: DeviceMemory + ?Sized,
         D: DeviceMemoryMut + ?Sized,
     {
+        self.inner.refuse_while_capturing("a copy")?;
         self.check(src, "copy")?;
         self.check(dst, "copy")?;
         self.check_len("copy", src.len(), dst.len())?;
@@ -141,6 +146,7 @@ impl Device {
 
     /// Sets every byte of `dst` to `value` on the device (a device operation).
     pub fn fill<M: DeviceMemoryMut + ?Sized>(&self, dst: &mut M, value: u8) -> Result<()> {
+        self.inner.refuse_while_capturing("a fill")?;
         self.check(dst, "fill")?;
         // SAFETY: a live range of this device, borrowed exclusively.
         unsafe {

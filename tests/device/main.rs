@@ -3,6 +3,7 @@
 
 mod compute;
 mod cuda;
+mod graph;
 mod limits;
 mod mirror;
 mod pool;

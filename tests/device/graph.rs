@@ -1,0 +1,189 @@
+//! Device graphs (semantics §5.9): captured once, replayed on the same addresses, with
+//! every operand inside the graph's memory and nothing but device operations inside a
+//! capture.
+
+use ndmem::device::{BinaryOp, UnaryOp};
+
+use crate::sim;
+
+/// `y = relu(a * x + b)` row-broadcast, then the sum of each row of `y`, on `rows x cols`.
+#[test]
+fn a_captured_sequence_runs_only_when_launched_and_follows_new_inputs() {
+    let gpu = sim(0, 64 << 20);
+    let (rows, cols) = (4, 8);
+    let mut mem = gpu.graph_memory(1 << 16).unwrap();
+    let x = mem.floats(rows * cols).unwrap();
+    let b = mem.floats(cols).unwrap();
+    let t = mem.floats(rows * cols).unwrap();
+    let y = mem.floats(rows * cols).unwrap();
+    let s = mem.floats(rows).unwrap();
+    let input: Vec<f32> = (0..rows * cols).map(|i| i as f32 - 10.0).collect();
+    let bias: Vec<f32> = (0..cols).map(|i| i as f32 * 0.5).collect();
+    mem.upload_f32(x, &input).unwrap();
+    mem.upload_f32(b, &bias).unwrap();
+    mem.upload_f32(s, &vec![-1.0; rows]).unwrap();
+    let before = gpu.stats();
+
+    let (graph, ()) = mem
+        .capture(|m| {
+            let dev = m.device().clone();
+            let ([xr, br], mut tr) = m.operands([x, b], t)?;
+            dev.binary_f32(
+                BinaryOp::Add,
+                &xr,
+                rows * cols,
+                &br,
+                cols,
+                &mut tr,
+                rows * cols,
+            )?;
+            let ([tr], mut yr) = m.operands([t], y)?;
+            dev.unary_f32(UnaryOp::Relu, &tr, &mut yr, rows * cols)?;
+            let ([yr], mut sr) = m.operands([y], s)?;
+            dev.sum_f32(&yr, &mut sr, rows, cols, 1)
+        })
+        .unwrap();
+    assert_eq!(graph.ops(), 3);
+    // Captured, not run: the output still holds what was uploaded.
+    assert_eq!(mem.download_f32(s).unwrap(), vec![-1.0; rows]);
+    assert_eq!(gpu.stats().since(&before).kernel_launches, 0);
+
+    let expected = |input: &[f32]| -> Vec<f32> {
+        (0..rows)
+            .map(|r| {
+                (0..cols)
+                    .map(|c| (input[r * cols + c] + bias[c]).max(0.0))
+                    .sum()
+            })
+            .collect()
+    };
+    mem.launch(&graph).unwrap();
+    assert_eq!(mem.download_f32(s).unwrap(), expected(&input));
+    // A new input between launches: the replay reads it where the capture saw `x`.
+    let doubled: Vec<f32> = input.iter().map(|v| v * 2.0).collect();
+    mem.upload_f32(x, &doubled).unwrap();
+    mem.launch(&graph).unwrap();
+    assert_eq!(mem.download_f32(s).unwrap(), expected(&doubled));
+
+    let d = gpu.stats().since(&before);
+    assert_eq!((d.graph_launches, d.kernel_launches), (2, 6));
+    assert_eq!(d.driver_allocations, 0, "replays allocate nothing");
+}
+
+#[test]
+fn an_operand_outside_the_graph_memory_is_refused_and_the_device_stays_usable() {
+    let gpu = sim(0, 64 << 20);
+    let outside = gpu.allocate(256).unwrap();
+    let mut other = gpu.allocate(256).unwrap();
+    let mut mem = gpu.graph_memory(4096).unwrap();
+    let y = mem.floats(64).unwrap();
+    let err = mem
+        .capture(|m| {
+            let dev = m.device().clone();
+            let mut yr = m.get_mut(y)?;
+            dev.unary_f32(UnaryOp::Neg, &outside, &mut yr, 64)
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("outside the graph's memory"), "{err}");
+    // The capture ended with the error: operations run directly again.
+    gpu.upload(&[0u8; 256], &mut other).unwrap();
+    gpu.unary_f32(UnaryOp::Neg, &outside, &mut other, 64)
+        .unwrap();
+    let (graph, ()) = mem.capture(|_| Ok(())).unwrap();
+    assert_eq!(graph.ops(), 0);
+}
+
+#[test]
+fn allocations_copies_and_waits_cannot_be_captured() {
+    let gpu = sim(0, 64 << 20);
+    let mut mem = gpu.graph_memory(4096).unwrap();
+    let r = mem.floats(4).unwrap();
+    let attempts: Vec<String> = [
+        mem.capture(|m| m.device().allocate(64).map(drop)),
+        mem.capture(|m| m.upload_f32(r, &[1.0; 4])),
+        mem.capture(|m| m.download_f32(r).map(drop)),
+        mem.capture(|m| m.device().synchronize()),
+        mem.capture(|m| m.device().record_event().map(drop)),
+    ]
+    .into_iter()
+    .map(|res| res.unwrap_err().to_string())
+    .collect();
+    for err in &attempts {
+        assert!(err.contains("cannot be part of a graph"), "{err}");
+    }
+    // None of it leaked out: after the captures, all of it works.
+    mem.upload_f32(r, &[1.0; 4]).unwrap();
+    assert_eq!(mem.download_f32(r).unwrap(), vec![1.0; 4]);
+    gpu.synchronize().unwrap();
+}
+
+#[test]
+fn a_graph_replays_only_on_the_memory_it_was_captured_on() {
+    let gpu = sim(0, 64 << 20);
+    let mut a = gpu.graph_memory(4096).unwrap();
+    let mut b = gpu.graph_memory(4096).unwrap();
+    let (ra, rb) = (a.floats(4).unwrap(), b.floats(4).unwrap());
+    let xa = a.floats(4).unwrap();
+    let (graph, ()) = a
+        .capture(|m| {
+            let dev = m.device().clone();
+            let ([x], mut y) = m.operands([xa], ra)?;
+            dev.affine_f32(&x, &mut y, 4, 2.0, 1.0)
+        })
+        .unwrap();
+    let err = b.launch(&graph).unwrap_err().to_string();
+    assert!(err.contains("another graph memory"), "{err}");
+    // A region of one memory is refused by the other.
+    let err = b.get(ra).unwrap_err().to_string();
+    assert!(err.contains("another graph memory"), "{err}");
+    assert!(b.get(rb).is_ok());
+    a.upload_f32(xa, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    a.launch(&graph).unwrap();
+    assert_eq!(a.download_f32(ra).unwrap(), vec![3.0, 5.0, 7.0, 9.0]);
+}
+
+#[test]
+fn another_thread_cannot_launch_on_a_device_that_is_capturing() {
+    let gpu = sim(0, 64 << 20);
+    let mut mem = gpu.graph_memory(4096).unwrap();
+    let y = mem.floats(16).unwrap();
+    let x = mem.floats(16).unwrap();
+    let (graph, err) = mem
+        .capture(|m| {
+            let dev = m.device().clone();
+            let err = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let src = dev.allocate(64).unwrap();
+                    let mut dst = dev.allocate(64).unwrap();
+                    dev.unary_f32(UnaryOp::Exp, &src, &mut dst, 16)
+                        .unwrap_err()
+                        .to_string()
+                })
+                .join()
+                .unwrap()
+            });
+            let ([xr], mut yr) = m.operands([x], y)?;
+            dev.unary_f32(UnaryOp::Exp, &xr, &mut yr, 16)?;
+            Ok(err)
+        })
+        .unwrap();
+    assert!(err.contains("capturing a graph on another thread"), "{err}");
+    assert_eq!(graph.ops(), 1);
+}
+
+#[test]
+fn regions_are_aligned_bounded_and_outputs_never_overlap_inputs() {
+    let gpu = sim(0, 64 << 20);
+    let mut mem = gpu.graph_memory(1024).unwrap();
+    let a = mem.region(10).unwrap();
+    let b = mem.region(10).unwrap();
+    assert_eq!(mem.used(), ndmem::device::REGION_ALIGN + 10);
+    let err = mem.region(1024).unwrap_err().to_string();
+    assert!(err.contains("does not fit"), "{err}");
+    let err = mem.operands([a, b], a).unwrap_err().to_string();
+    assert!(err.contains("overlaps input 0"), "{err}");
+    assert!(mem.operands([a], b).is_ok());
+    let err = mem.upload(a, &[0u8; 9]).unwrap_err().to_string();
+    assert!(err.contains("9 bytes into a region of 10"), "{err}");
+}
