@@ -112,6 +112,10 @@ pub struct TrainArgs {
     /// out.
     #[arg(long, value_name = "DEVICE", value_parser = device_spec)]
     pub device: Option<DeviceSpec>,
+    /// With --device: also train once more with each step captured as a device graph and
+    /// replayed, check its losses against the launched steps and report the speed-up.
+    #[arg(long, requires = "device")]
+    pub graph: bool,
     /// Directory for ndmem-report.json and ndmem-report.svg.
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub out_dir: PathBuf,
@@ -137,6 +141,7 @@ impl TrainArgs {
             max_bytes: self.max_bytes,
             prefetch: self.prefetch,
             device: self.device,
+            graph: self.graph,
             out_dir: self.out_dir.clone(),
             json: self
                 .json

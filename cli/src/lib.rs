@@ -21,6 +21,7 @@ pub mod args;
 pub mod chart;
 pub mod data;
 pub mod env;
+pub mod graph;
 pub mod limits;
 pub mod model;
 pub mod modes;

@@ -18,6 +18,36 @@ pub struct Report {
     pub config: RunConfig,
     /// One entry per mode, in run order.
     pub modes: Vec<ModeReport>,
+    /// The run through captured device graphs (`--graph`), if there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphReport>,
+}
+
+/// What `--graph` measured: the same training, each step a replayed device graph.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GraphReport {
+    /// Steps run.
+    pub steps: usize,
+    /// Graphs captured (one per batch size).
+    pub graphs: usize,
+    /// Device operations one replayed step runs.
+    pub ops_per_step: usize,
+    /// Steps per second: one over the median step time after the first.
+    pub steps_per_sec: f64,
+    /// The mode whose launched steps it is compared with.
+    pub compared_with: String,
+    /// That mode's steps per second.
+    pub launched_steps_per_sec: f64,
+    /// The largest relative difference between a replayed and a launched step's loss.
+    pub max_relative_loss_difference: f64,
+    /// Driver allocations during the graph run after its first step.
+    pub driver_allocations_after_first: u64,
+    /// Host-to-device and device-to-host copies per step (the batch in, the loss out).
+    pub htod_per_step: f64,
+    /// Device-to-host copies per step.
+    pub dtoh_per_step: f64,
+    /// Per-step losses.
+    pub loss: Vec<f32>,
 }
 
 /// The training set-up shared by every mode.
@@ -547,6 +577,7 @@ mod tests {
                 prefetch: Some(2),
             },
             modes,
+            graph: None,
         }
     }
 

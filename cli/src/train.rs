@@ -17,12 +17,13 @@ use ndmem::{reclaim, Tensor};
 
 use crate::data::{fill_batch, shuffler, Dataset, Split, CLASSES, FEATURES};
 use crate::env::Environment;
+use crate::graph::GraphTrainer;
 use crate::model::Dims;
 use crate::modes::{Mode, Trainer};
 use crate::out::outln;
 use crate::report::{
-    mean_after_first, plural, steps_per_sec, Agreement, DeviceReport, ModeReport, Report,
-    RunConfig, Series,
+    mean_after_first, plural, steps_per_sec, Agreement, DeviceReport, GraphReport, ModeReport,
+    Report, RunConfig, Series,
 };
 use crate::{chart, limits, paths, Failure};
 
@@ -53,6 +54,8 @@ pub struct TrainOptions {
     pub prefetch: usize,
     /// The device to train on, if any.
     pub device: Option<DeviceSpec>,
+    /// Also train through captured device graphs (needs `device`).
+    pub graph: bool,
     /// The directory the reports go to by default (created if missing).
     pub out_dir: PathBuf,
     /// Where to write the JSON report.
@@ -203,6 +206,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
             prefetch: Some(options.prefetch),
         },
         modes: Vec::new(),
+        graph: None,
     };
     // With stdout elsewhere (a pipe, a file), the bars vanish when their mode ends, so no
     // stale progress line stays on the terminal above what the reader of stdout prints.
@@ -256,6 +260,30 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
             );
         }
         report.modes.push(measured);
+    }
+
+    if let (true, Some(gpu)) = (options.graph, &device) {
+        let graph = run_graph(options, &split, dims, gpu, &report)?;
+        outln!(
+            "  graph on {}:{}: {} steps, {} graph(s) of {} device operations; losses match {} mode (largest relative difference {:.1e})",
+            gpu.kind(),
+            gpu.ordinal(),
+            graph.steps,
+            graph.graphs,
+            graph.ops_per_step,
+            graph.compared_with,
+            graph.max_relative_loss_difference,
+        );
+        outln!(
+            "    {:.0} steps/s replayed vs {:.0} launched ({:.2}x); driver allocations after step 1: {}; transfers/step: {:.2} in, {:.2} out",
+            graph.steps_per_sec,
+            graph.launched_steps_per_sec,
+            graph.steps_per_sec / graph.launched_steps_per_sec.max(f64::MIN_POSITIVE),
+            graph.driver_allocations_after_first,
+            graph.htod_per_step,
+            graph.dtoh_per_step,
+        );
+        report.graph = Some(graph);
     }
 
     outln!();
@@ -327,6 +355,89 @@ pub fn describe_prefetch(prefetch: usize) -> String {
             prefetch + 2
         )
     }
+}
+
+/// Largest relative difference allowed between a replayed and a launched step's loss.
+pub const GRAPH_LOSS_TOLERANCE: f64 = 1e-5;
+
+/// `--graph`: trains once more on the same batches, each step a replayed device graph
+/// (captured once per batch size), and compares its losses with the launched steps of the
+/// first mode that ran. Fails if they differ by more than [`GRAPH_LOSS_TOLERANCE`].
+fn run_graph(
+    options: &TrainOptions,
+    split: &Split,
+    dims: Dims,
+    device: &Device,
+    report: &Report,
+) -> Result<GraphReport, Failure> {
+    let failed = |e: String| Failure::runtime(format!("training through device graphs failed {e}"));
+    let launched = report
+        .modes
+        .first()
+        .ok_or_else(|| failed("with no launched mode to compare with".into()))?;
+    let total = launched.steps as u64;
+    let mut trainer = GraphTrainer::new(
+        device,
+        dims,
+        options.seed,
+        options.batch.min(split.train.rows()),
+        options.lr,
+    )
+    .map_err(|e| failed(format!("creating the graph memory: {e}")))?;
+    let host_only = TrainOptions {
+        prefetch: 0,
+        ..options.clone()
+    };
+    let batches = batches(&host_only, split, total, None).map_err(&failed)?;
+    let mut losses = Vec::with_capacity(launched.steps);
+    let mut nanos = Vec::with_capacity(launched.steps);
+    let mut after_first = None;
+    for batch in batches {
+        let step = losses.len() + 1;
+        let at = |e: ndmem::Error| failed(format!("at step {step}: {e}"));
+        let batch = batch.map_err(at)?;
+        let (x, y) = batch.get().map_err(at)?;
+        let (x, y) = (
+            x.to_vec::<f32>().map_err(at)?,
+            y.to_vec::<f32>().map_err(at)?,
+        );
+        let started = Instant::now();
+        let loss = trainer.step(&x, &y).map_err(at)?;
+        nanos.push(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        losses.push(loss);
+        if step == 1 {
+            after_first = Some(device.stats());
+        }
+    }
+    let since = after_first.map(|s| device.stats().since(&s));
+    let steps = losses.len();
+    let mut worst: f64 = 0.0;
+    for (i, (g, l)) in losses.iter().zip(&launched.series.loss).enumerate() {
+        let (g, l) = (f64::from(*g), f64::from(*l));
+        let diff = (g - l).abs() / l.abs().max(f64::MIN_POSITIVE);
+        if diff > GRAPH_LOSS_TOLERANCE {
+            return Err(failed(format!(
+                "at step {}: the replayed loss {g:e} differs from the launched {l:e} ({} mode)",
+                i + 1,
+                launched.mode
+            )));
+        }
+        worst = worst.max(diff);
+    }
+    let later = steps.saturating_sub(1).max(1) as f64;
+    Ok(GraphReport {
+        steps,
+        graphs: trainer.graphs(),
+        ops_per_step: trainer.ops_per_step(),
+        steps_per_sec: steps_per_sec(&nanos),
+        compared_with: launched.mode.clone(),
+        launched_steps_per_sec: launched.steps_per_sec,
+        max_relative_loss_difference: worst,
+        driver_allocations_after_first: since.map_or(0, |s| s.driver_allocations),
+        htod_per_step: since.map_or(0.0, |s| s.htod_transfers as f64 / later),
+        dtoh_per_step: since.map_or(0.0, |s| s.dtoh_transfers as f64 / later),
+        loss: losses,
+    })
 }
 
 /// Id of the producer's workspace (and the name of the iterator in errors).
@@ -613,6 +724,7 @@ mod tests {
             max_bytes: None,
             prefetch,
             device: None,
+            graph: false,
             out_dir: PathBuf::new(),
             json: PathBuf::new(),
             svg: PathBuf::new(),

@@ -415,3 +415,53 @@ fn a_device_that_cannot_be_opened_fails_with_one_line_and_status_2() {
         }
     }
 }
+
+#[test]
+fn graph_replays_the_step_with_the_launched_losses_and_only_batch_and_loss_copies() {
+    let dir = temp_dir("train-graph");
+    let out = ndmem(
+        &dir,
+        &[
+            "train",
+            "--steps",
+            "20",
+            "--hidden",
+            "8",
+            "--device",
+            "sim",
+            "--graph",
+            "--out-dir",
+            ".",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("graph on sim:0: 20 steps"), "{stdout}");
+    assert!(stdout.contains("losses match pool mode"), "{stdout}");
+    let json = read_json(&dir.join("ndmem-report.json"));
+    let graph = &json["graph"];
+    assert_eq!(graph["steps"], 20, "{graph}");
+    assert_eq!(graph["compared_with"], "pool");
+    assert!(graph["max_relative_loss_difference"].as_f64().unwrap() <= 1e-5);
+    // The 20 steps span two batch sizes (7 of 16 rows and one of 8 per epoch).
+    assert_eq!(graph["graphs"], 2, "{graph}");
+    assert_eq!(graph["driver_allocations_after_first"], 0, "{graph}");
+    assert_eq!(graph["htod_per_step"].as_f64(), Some(2.0), "{graph}");
+    assert_eq!(graph["dtoh_per_step"].as_f64(), Some(1.0), "{graph}");
+    let replayed = numbers(&graph["loss"]);
+    let launched = numbers(&json["modes"][0]["series"]["loss"]);
+    assert_eq!(replayed.len(), launched.len());
+    for (g, l) in replayed.iter().zip(&launched) {
+        assert!(((g - l) / l).abs() <= 1e-5, "replayed {g} vs launched {l}");
+    }
+}
+
+#[test]
+fn graph_without_a_device_is_a_usage_error() {
+    let dir = temp_dir("train-graph-no-device");
+    let out = ndmem(&dir, &["train", "--steps", "1", "--graph"], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--device"), "{stderr}");
+}
