@@ -85,19 +85,14 @@ pub struct BudgetCounters {
 impl BudgetCounters {
     /// The counters of a pool.
     pub fn of_pool(s: &PoolStats) -> BudgetCounters {
+        let (bytes, count) = live_stats(
+            (s.live_bytes, s.peak_bytes),
+            (s.total_allocated_bytes, s.total_freed_bytes),
+            (s.allocations, s.deallocations),
+        );
         BudgetCounters {
-            bytes: Stat {
-                current: s.live_bytes as u64,
-                peak: Some(s.peak_bytes as u64),
-                allocated: s.total_allocated_bytes,
-                freed: s.total_freed_bytes,
-            },
-            count: Some(Stat {
-                current: s.allocations.saturating_sub(s.deallocations),
-                peak: None,
-                allocated: s.allocations,
-                freed: s.deallocations,
-            }),
+            bytes,
+            count,
             reserved: Stat {
                 current: s.used_bytes as u64,
                 peak: Some(s.peak_used_bytes as u64),
@@ -114,19 +109,14 @@ impl BudgetCounters {
 
     /// The counters of the heap.
     pub fn of_heap(s: &HeapStats) -> BudgetCounters {
+        let (bytes, count) = live_stats(
+            (s.live_bytes, s.peak_bytes),
+            (s.total_allocated_bytes, s.total_freed_bytes),
+            (s.allocations, s.deallocations),
+        );
         BudgetCounters {
-            bytes: Stat {
-                current: s.live_bytes as u64,
-                peak: Some(s.peak_bytes as u64),
-                allocated: s.total_allocated_bytes,
-                freed: s.total_freed_bytes,
-            },
-            count: Some(Stat {
-                current: s.allocations.saturating_sub(s.deallocations),
-                peak: None,
-                allocated: s.allocations,
-                freed: s.deallocations,
-            }),
+            bytes,
+            count,
             reserved: Stat {
                 current: s.reserved_bytes as u64,
                 peak: None,
@@ -140,6 +130,29 @@ impl BudgetCounters {
             limit: s.limit,
         }
     }
+}
+
+/// The byte and count rows of a budget from its `(live, peak)` bytes, `(allocated,
+/// freed)` byte totals and `(allocations, frees)`.
+fn live_stats(
+    (live, peak): (usize, usize),
+    (allocated, freed): (u64, u64),
+    (allocations, frees): (u64, u64),
+) -> (Stat, Option<Stat>) {
+    (
+        Stat {
+            current: live as u64,
+            peak: Some(peak as u64),
+            allocated,
+            freed,
+        },
+        Some(Stat {
+            current: allocations.saturating_sub(frees),
+            peak: None,
+            allocated: allocations,
+            freed: frees,
+        }),
+    )
 }
 
 /// One pool in a [`Snapshot`].

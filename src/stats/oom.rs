@@ -134,12 +134,7 @@ fn build(error: AllocError) -> OomReport {
             ByteSize(bytes)
         ));
     }
-    if pending > 0 {
-        advice.push(format!(
-            "reclaim::collect() frees the {} waiting (a thread pinned too long holds it back)",
-            ByteSize(pending)
-        ));
-    }
+    advice.extend(pending_advice(pending));
     OomReport {
         error,
         holders,
@@ -179,12 +174,7 @@ fn device_report(ordinal: u32, by_use: ndmem_alloc::Holders, error: AllocError) 
         ));
     }
     let pending = crate::reclaim::pending_bytes();
-    if pending > 0 {
-        advice.push(format!(
-            "reclaim::collect() frees the {} waiting (a thread pinned too long holds it back)",
-            ByteSize(pending)
-        ));
-    }
+    advice.extend(pending_advice(pending));
     OomReport {
         error,
         holders,
@@ -303,4 +293,14 @@ fn observe(error: &AllocError) {
     for hook in &hooks {
         hook(&report);
     }
+}
+
+/// The advice for `pending` bytes of deferred frees, if any.
+fn pending_advice(pending: usize) -> Option<String> {
+    (pending > 0).then(|| {
+        format!(
+            "reclaim::collect() frees the {} waiting (a thread pinned too long holds it back)",
+            ByteSize(pending)
+        )
+    })
 }

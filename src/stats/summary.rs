@@ -63,6 +63,16 @@ fn byte_cells(s: &Stat) -> [String; 4] {
     ]
 }
 
+/// Held bytes (live + cached): current and peak; no totals.
+fn reserved_cells(s: &Stat) -> [String; 4] {
+    [
+        bytes(s.current),
+        s.peak.map_or_else(|| "-".into(), bytes),
+        "-".into(),
+        "-".into(),
+    ]
+}
+
 fn count_cells(s: &Stat) -> [String; 4] {
     [
         s.current.to_string(),
@@ -190,12 +200,7 @@ impl fmt::Display for Snapshot {
             row(
                 f,
                 &format!("pool [{}] live+cached", pool.name),
-                [
-                    bytes(c.reserved.current),
-                    c.reserved.peak.map_or_else(|| "-".into(), bytes),
-                    "-".into(),
-                    "-".into(),
-                ],
+                reserved_cells(&c.reserved),
             )?;
             if let Some(count) = &c.count {
                 row(
@@ -211,12 +216,7 @@ impl fmt::Display for Snapshot {
             row(
                 f,
                 &format!("device [{}] live+cached", d.id),
-                [
-                    bytes(c.reserved.current),
-                    c.reserved.peak.map_or_else(|| "-".into(), bytes),
-                    "-".into(),
-                    "-".into(),
-                ],
+                reserved_cells(&c.reserved),
             )?;
         }
         writeln!(f, "{RULE}")?;
