@@ -213,3 +213,65 @@ fn a_training_step_on_the_gpu_matches_the_cpu_and_transfers_only_batch_and_loss(
     );
     assert_eq!(late, 0);
 }
+
+#[test]
+fn a_captured_graph_replays_kernels_and_cublas_as_launched() {
+    use ndmem::device::{BinaryOp, UnaryOp};
+    let Some(gpu) = gpu() else { return };
+    let (m, k, n) = (8, 5, 3);
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5).collect();
+    let bias = [0.25f32, -1.0, 2.0];
+    let mut mem = gpu.graph_memory(1 << 16).unwrap();
+    let (ra, rb, rbias) = (
+        mem.floats(m * k).unwrap(),
+        mem.floats(k * n).unwrap(),
+        mem.floats(n).unwrap(),
+    );
+    let (rc, rd, re, rs) = (
+        mem.floats(m * n).unwrap(),
+        mem.floats(m * n).unwrap(),
+        mem.floats(m * n).unwrap(),
+        mem.floats(n).unwrap(),
+    );
+    mem.upload_f32(ra, &a).unwrap();
+    mem.upload_f32(rb, &b).unwrap();
+    mem.upload_f32(rbias, &bias).unwrap();
+    let (graph, ()) = mem
+        .capture(|g| {
+            let dev = g.device().clone();
+            let ([x, y], mut z) = g.operands([ra, rb], rc)?;
+            dev.matmul_f32(&x, &y, &mut z, m, k, n, false, false)?;
+            let ([x, y], mut z) = g.operands([rc, rbias], rd)?;
+            dev.binary_f32(BinaryOp::Add, &x, m * n, &y, n, &mut z, m * n)?;
+            let ([x], mut z) = g.operands([rd], re)?;
+            dev.unary_f32(UnaryOp::Relu, &x, &mut z, m * n)?;
+            let ([x], mut z) = g.operands([re], rs)?;
+            dev.sum_f32(&x, &mut z, m, n, 0)
+        })
+        .unwrap();
+    assert_eq!(graph.ops(), 4);
+    let expected = |a: &[f32]| -> Vec<f32> {
+        let mut sums = vec![0.0f32; n];
+        for i in 0..m {
+            for j in 0..n {
+                let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                sums[j] += (dot + bias[j]).max(0.0);
+            }
+        }
+        sums
+    };
+    for round in 0..3 {
+        let a: Vec<f32> = a.iter().map(|v| v * (round + 1) as f32).collect();
+        mem.upload_f32(ra, &a).unwrap();
+        mem.launch(&graph).unwrap();
+        let got = mem.download_f32(rs).unwrap();
+        for (g, e) in got.iter().zip(expected(&a)) {
+            assert!(
+                (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+                "round {round}: {got:?}"
+            );
+        }
+    }
+    assert_eq!(gpu.stats().graph_launches, 3);
+}
