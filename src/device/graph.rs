@@ -435,7 +435,10 @@ impl GraphMemory {
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.begin_capture(),
         };
-        let result = begun.and_then(|()| f(self));
+        // A panic in `f` ends the capture too (then goes on unwinding), so the device is
+        // not left refusing other threads' work.
+        let outcome =
+            begun.map(|()| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))));
         let inner = &self.device.inner;
         let capture = {
             let mut capture = inner.capture.lock().unwrap_or_else(PoisonError::into_inner);
@@ -449,7 +452,11 @@ impl GraphMemory {
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.end_capture().map(GraphInner::Cuda),
         };
-        let value = result?;
+        let value = match outcome {
+            Err(e) => return Err(e),
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Ok(Ok(result)) => result?,
+        };
         let graph_inner = ended?;
         Ok((
             Graph {

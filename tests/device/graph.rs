@@ -187,3 +187,20 @@ fn regions_are_aligned_bounded_and_outputs_never_overlap_inputs() {
     let err = mem.upload(a, &[0u8; 9]).unwrap_err().to_string();
     assert!(err.contains("9 bytes into a region of 10"), "{err}");
 }
+
+#[test]
+fn a_panic_inside_a_capture_ends_it() {
+    let gpu = sim(0, 64 << 20);
+    let mut mem = gpu.graph_memory(4096).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = mem.capture(|_| -> ndmem::Result<()> { panic!("inside the capture") });
+    }));
+    assert!(panicked.is_err());
+    // The device runs work again, from any thread, and captures again.
+    let src = gpu.allocate(64).unwrap();
+    let mut dst = gpu.allocate(64).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| gpu.unary_f32(UnaryOp::Neg, &src, &mut dst, 16).unwrap());
+    });
+    assert!(mem.capture(|_| Ok(())).is_ok());
+}
