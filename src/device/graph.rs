@@ -196,8 +196,9 @@ impl super::DeviceMemoryMut for RegionMut<'_> {}
 
 static NEXT_MEMORY: AtomicU64 = AtomicU64::new(1);
 
-/// Device memory that graphs are captured on and replayed against: one buffer of the
-/// device's pool, carved into [`Region`]s. See the [module documentation](self).
+/// Device memory that graphs are captured on ([`GraphMemory::capture`]) and replayed
+/// against ([`GraphMemory::launch`]): one buffer of the device's pool, carved into
+/// [`Region`]s (semantics §5.9).
 pub struct GraphMemory {
     device: Device,
     buffer: DeviceBuffer,
