@@ -144,6 +144,37 @@ pub(crate) fn defer_free(block: Block<'static>) {
     }
 }
 
+/// [`defer_free`] for several blocks at once: one deferred call (the list, three words,
+/// is kept inline by the epoch) and one flush for all of them. Without heap room for the
+/// deferral, each block goes to the reserve as [`defer_free`] would send it.
+pub(crate) fn defer_free_all(blocks: Vec<Block<'static>>) {
+    if blocks.is_empty() {
+        return;
+    }
+    let bytes: usize = blocks.iter().map(Block::capacity).sum();
+    let pending = PENDING.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    if heap_has_room() {
+        let guard = epoch::pin();
+        guard.defer(move || {
+            let bytes: usize = blocks.iter().map(Block::capacity).sum();
+            drop(blocks);
+            PENDING.fetch_sub(bytes, Ordering::Relaxed);
+        });
+        guard.flush();
+        drop(guard);
+        drain_parked();
+    } else {
+        for block in blocks {
+            if let Err(block) = park(block) {
+                defer(block);
+            }
+        }
+    }
+    if pending > AUTO_COLLECT_BYTES {
+        collect();
+    }
+}
+
 /// Runs `free` once no thread pinned now can still be reading the `bytes` it releases; the
 /// device layer frees device and pinned host buffers this way (semantics §5, §6).
 pub(crate) fn defer_with(bytes: usize, free: impl FnOnce() + Send + 'static) {

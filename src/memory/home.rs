@@ -322,6 +322,26 @@ impl Home {
     }
 }
 
+impl Home {
+    /// [`Home::free`], but a pool block whose free falls to this call is added to `batch`
+    /// instead of being deferred alone (a closing scope defers all of its blocks at once).
+    pub(crate) fn free_into(&self, batch: &mut Vec<Block<'static>>) {
+        match self {
+            Home::Pool(block) if batch.len() < batch.capacity() => {
+                if block.handoff.free() {
+                    let taken = block
+                        .block
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take();
+                    batch.extend(taken);
+                }
+            }
+            _ => self.free(),
+        }
+    }
+}
+
 impl PoolBlock {
     /// Hands the block to epoch reclamation (the hand-off named this caller, once).
     fn release(&self) {

@@ -720,9 +720,15 @@ impl Owner {
         for child in children.iter().filter_map(Weak::upgrade) {
             child.close_locked();
         }
+        // The blocks whose free falls to this close go to the epoch together: one deferred
+        // call and one flush for the scope, not one per tensor. Without heap room for the
+        // list, each goes alone (a free never needs the heap).
+        let mut batch = Vec::new();
+        let _ = batch.try_reserve_exact(owned.len());
         for held in owned {
-            held.0.home().free();
+            held.0.home().free_into(&mut batch);
         }
+        crate::reclaim::defer_free_all(batch);
         for (held, origin) in borrowed {
             give_back(held, origin);
         }

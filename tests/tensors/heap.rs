@@ -143,3 +143,35 @@ fn a_pool_tensor_costs_at_most_one_heap_allocation_from_creation_to_free() {
         2 * TENSORS
     );
 }
+
+#[test]
+fn a_scope_cycle_costs_at_most_one_heap_allocation_per_tensor_and_its_close_two() {
+    // A child scope per step, its tensors, its close (DJL's per-batch NDManager): the close
+    // hands all of the scope's blocks to the epoch in one deferred call and one flush.
+    const TENSORS: usize = 20;
+    let base = ndmem::Scope::new_base("HEAP_SCOPES");
+    let mut cycles = Vec::new();
+    for _ in 0..4 {
+        let mut kept = Vec::with_capacity(TENSORS);
+        let (whole, close) = allocations(|| {
+            let child = base.child("batch").unwrap();
+            for i in 0..TENSORS {
+                kept.push(child.full(DType::F32, &[4, 8], i as f64).unwrap());
+            }
+            kept.clear();
+            allocations(|| child.close().unwrap()).0
+        });
+        ndmem::reclaim::collect();
+        cycles.push((whole, close));
+    }
+    for &(whole, close) in &cycles[1..] {
+        assert!(
+            close <= 2,
+            "closing a scope of {TENSORS} tensors: {cycles:?}"
+        );
+        assert!(
+            whole <= TENSORS as u64,
+            "a scope cycle of {TENSORS} tensors: {cycles:?}"
+        );
+    }
+}
