@@ -465,3 +465,27 @@ fn graph_without_a_device_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--device"), "{stderr}");
 }
+
+#[test]
+fn heap_allocations_per_step_are_zero_in_workspaces_mode_and_at_most_one_per_tensor_otherwise() {
+    // Counted by the command's own global allocator, ndmem_alloc::Tracking<System>.
+    let dir = temp_dir("train-heap");
+    let out = ndmem(&dir, &["train", "--steps", "60", "--out-dir", "."], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json = read_json(&dir.join("ndmem-report.json"));
+    for (i, mode) in MODES.iter().enumerate() {
+        let m = &json["modes"][i];
+        assert_eq!(m["mode"], *mode);
+        let heap = m["heap_allocations_per_step"].as_f64().unwrap();
+        let tensors = m["pool_allocations_per_step"].as_f64().unwrap();
+        if *mode == "workspaces" {
+            assert_eq!(heap, 0.0, "{m}");
+        } else {
+            // Every tensor of these modes is a pool block.
+            assert!(
+                tensors > 0.0 && heap <= tensors,
+                "{mode}: {heap} heap allocations for {tensors} tensors a step"
+            );
+        }
+    }
+}
