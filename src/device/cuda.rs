@@ -31,6 +31,8 @@ pub(crate) struct Cuda {
     compute: super::kernels::Compute,
     /// The stream a graph capture under way records on (`None`: no capture).
     capturing: Mutex<Option<Arc<CudaStream>>>,
+    /// Whether `capturing` holds a stream, so a launch outside a capture takes no lock.
+    capture_on: std::sync::atomic::AtomicBool,
 }
 
 /// A captured, instantiated CUDA graph and the stream it replays on.
@@ -103,6 +105,7 @@ impl Cuda {
             stream,
             compute: Default::default(),
             capturing: Mutex::new(None),
+            capture_on: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -297,6 +300,9 @@ impl Cuda {
 
     /// The stream kernels and cuBLAS go to now: the capture's while one is under way.
     pub(crate) fn launch_stream(&self) -> Arc<CudaStream> {
+        if !self.capture_on.load(std::sync::atomic::Ordering::Acquire) {
+            return Arc::clone(&self.stream);
+        }
         self.capturing
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -322,6 +328,8 @@ impl Cuda {
             .capturing
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(stream);
+        self.capture_on
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -333,6 +341,8 @@ impl Cuda {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+        self.capture_on
+            .store(false, std::sync::atomic::Ordering::Release);
         let Some(stream) = stream else {
             return Ok(None);
         };
