@@ -527,3 +527,45 @@ fn the_root_cannot_close_and_a_base_scope_closes_its_whole_tree() {
     assert!(closed_naming(&t.to_vec::<u8>().unwrap_err(), "leaf"));
     leaf.close().unwrap();
 }
+
+/// DJL `BaseNDManager.tempAttachInternal`: "System manager cannot be temp attached because
+/// it can't be closed". ndmem's root never closes either, so a borrow by it would never be
+/// given back: it is `Error::Scope`, and the tensor stays with its owner (which still
+/// frees it).
+#[test]
+fn the_root_cannot_borrow_because_it_never_gives_back() {
+    let owner = Scope::new_base("lends-to-root");
+    let t = owner.ones(DType::F32, &[4]).unwrap();
+    let err = Scope::root().temp_attach_all(&[&t]).unwrap_err();
+    assert!(
+        matches!(&err, Error::Scope { scope, .. } if scope == "root"),
+        "{err}"
+    );
+    assert_eq!(owner.tensor_count(), 1, "still its owner's");
+    assert!(!Scope::root()
+        .debug_dump()
+        .lines()
+        .next()
+        .unwrap()
+        .contains("borrowed"));
+    owner.close().unwrap();
+    assert!(!t.is_valid(), "freed with its owner, not kept by the root");
+}
+
+/// DJL `NDScopeTest.testNDScope`'s `uninvolved.close()`: one array freed before its
+/// manager closes. ndmem has no `close` on a tensor: detaching it from its scope and
+/// dropping the last handle frees it at once (through reclamation).
+#[test]
+fn detaching_and_dropping_frees_one_tensor_before_its_scope_closes() {
+    let source = private(None);
+    let manager = Scope::new_base_in("early-free", source);
+    let kept = manager.ones(DType::F32, &[256]).unwrap();
+    let kept_bytes = live(&source);
+    let uninvolved = manager.ones(DType::F32, &[1024]).unwrap();
+    assert!(live(&source) > kept_bytes);
+    manager.detach(&uninvolved).unwrap();
+    drop(uninvolved);
+    assert_eq!(settle_to(&source, kept_bytes), kept_bytes, "freed at once");
+    assert_eq!(manager.tensor_count(), 1);
+    assert_eq!(kept.to_vec::<f32>().unwrap(), vec![1.0; 256]);
+}
