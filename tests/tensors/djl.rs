@@ -569,3 +569,86 @@ fn detaching_and_dropping_frees_one_tensor_before_its_scope_closes() {
     assert_eq!(manager.tensor_count(), 1);
     assert_eq!(kept.to_vec::<f32>().unwrap(), vec![1.0; 256]);
 }
+
+/// DJL `NDManager.tempAttachAll(NDResource...)` (as DJL users call it on a batch's arrays):
+/// every array is borrowed, or none is. ndmem: one array already freed by its closed scope
+/// makes the call fail with `Error::ScopeClosed` and borrows nothing.
+#[test]
+fn temp_attach_all_of_a_list_is_all_or_nothing() {
+    let owner = Scope::new_base("list-owner");
+    let a = owner.ones(DType::F32, &[2]).unwrap();
+    let b = owner.ones(DType::F32, &[3]).unwrap();
+    let gone = {
+        let short_lived = Scope::new_base("short-lived");
+        short_lived.ones(DType::F32, &[1]).unwrap()
+    };
+    let borrower = Scope::new_base("list-borrower");
+    let err = borrower.temp_attach_all(&[&a, &gone, &b]).unwrap_err();
+    assert!(closed_naming(&err, "short-lived"), "{err}");
+    assert_eq!(owner.tensor_count(), 2, "nothing borrowed");
+    assert!(!borrower.debug_dump().contains("borrowed"));
+    borrower.temp_attach_all(&[&a, &b]).unwrap();
+    assert_eq!(owner.tensor_count(), 0);
+    assert!(borrower.debug_dump().contains("(+2 borrowed, 20 bytes)"));
+    borrower.close().unwrap();
+    assert_eq!(owner.tensor_count(), 2);
+}
+
+/// DJL `BaseNDManager.attachInternal` / `detachInternal` are `synchronized`: arrays moved
+/// between managers from several threads are never lost or owned twice. Threads attach,
+/// borrow and detach the same tensors between three scopes; afterwards each tensor is
+/// owned by exactly one scope or by its handles, and closing frees exactly what the scopes
+/// own.
+#[test]
+fn concurrent_transfers_never_lose_or_double_a_tensor() {
+    let source = private(None);
+    let scopes: Vec<Scope> = (0..3)
+        .map(|i| Scope::new_base_in(&format!("race-{i}"), source))
+        .collect();
+    let tensors: Vec<Tensor> = (0..16)
+        .map(|i| scopes[i % 3].full(DType::F32, &[4], i as f64).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for worker in 0..4usize {
+            let scopes = &scopes;
+            let tensors = &tensors;
+            s.spawn(move || {
+                for step in 0..300usize {
+                    let t = &tensors[(worker * 7 + step) % tensors.len()];
+                    let scope = &scopes[(worker + step) % 3];
+                    let _ = match step % 4 {
+                        0 | 1 => scope.attach(t),
+                        2 => scope.temp_attach_all(&[t]),
+                        _ => scope.detach(t),
+                    };
+                }
+            });
+        }
+    });
+    let owned: usize = scopes.iter().map(Scope::tensor_count).sum();
+    let borrowed: usize = scopes
+        .iter()
+        .map(|s| {
+            let dump = s.debug_dump();
+            dump.split("(+")
+                .nth(1)
+                .map_or(0, |rest| rest.split(' ').next().unwrap().parse().unwrap())
+        })
+        .sum();
+    assert!(owned + borrowed <= tensors.len(), "{owned} + {borrowed}");
+    // Each tensor is held by at most one scope: attaching it to one scope takes it from
+    // any other, so after every scope attaches it the last one alone owns it.
+    for t in &tensors {
+        for scope in &scopes {
+            scope.attach(t).unwrap();
+        }
+    }
+    assert_eq!(scopes[2].tensor_count(), tensors.len());
+    assert_eq!(scopes[0].tensor_count() + scopes[1].tensor_count(), 0);
+    for scope in scopes {
+        scope.close().unwrap();
+    }
+    assert!(tensors.iter().all(|t| !t.is_valid()));
+    drop(tensors);
+    assert_eq!(settle_to(&source, 0), 0, "every block freed once");
+}
