@@ -652,3 +652,52 @@ fn concurrent_transfers_never_lose_or_double_a_tensor() {
     drop(tensors);
     assert_eq!(settle_to(&source, 0), 0, "every block freed once");
 }
+
+/// The DJL pattern behind `tempAttachAll` (its javadoc, and how DJL's blocks use it): a
+/// sub-manager borrows its parent's inputs, computes, hands the result to the parent
+/// (`attachAll`) and closes: the inputs go back to the parent, the intermediates are
+/// freed, the result stays. If the parent closes first, the borrowed inputs are freed with
+/// the sub-manager (their owner is closed).
+#[test]
+fn a_sub_scope_borrowing_its_parents_inputs_frees_only_the_intermediates() {
+    let source = private(None);
+    let output_manager = Scope::new_base_in("outputs", source);
+    let x = output_manager.full(DType::F32, &[256], 2.0).unwrap();
+    let w = output_manager.full(DType::F32, &[256], 3.0).unwrap();
+    let inputs = live(&source);
+    let result;
+    {
+        let scope = output_manager.child("step").unwrap();
+        scope.temp_attach_all(&[&x, &w]).unwrap();
+        let h = x.mul(&w).unwrap(); // joins the borrower, like x
+        let intermediate = h.add_scalar(1.0).unwrap();
+        result = intermediate.sum(None).unwrap();
+        assert_eq!(scope.tensor_count(), 3);
+        output_manager.attach(&result).unwrap();
+        assert_eq!(scope.tensor_count(), 2);
+        scope.close().unwrap();
+        assert!(!h.is_valid() && !intermediate.is_valid());
+    }
+    assert_eq!(output_manager.tensor_count(), 3, "x, w and the result");
+    assert_eq!(result.scalar().unwrap(), 7.0 * 256.0);
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![2.0; 256]);
+    // What one scalar's block costs, measured in a pool of its own.
+    let scalar_pool = private(None);
+    let scalar = Tensor::zeros_in(&scalar_pool, DType::F32, &[]).unwrap();
+    let result_block = live(&scalar_pool);
+    drop(scalar);
+    assert_eq!(
+        settle_to(&source, inputs + result_block),
+        inputs + result_block,
+        "the intermediates' blocks went back to the pool"
+    );
+
+    // The parent closing while the sub-manager still borrows: everything is freed.
+    let scope = output_manager.child("late-step").unwrap();
+    scope.temp_attach_all(&[&x]).unwrap();
+    output_manager.close().unwrap();
+    assert!(scope.is_closed());
+    assert!(!x.is_valid() && !w.is_valid() && !result.is_valid());
+    drop((x, w, result));
+    assert_eq!(settle_to(&source, 0), 0);
+}
