@@ -152,7 +152,7 @@ impl Scope {
     /// the scope (or the handles) that owned it before. A tensor listed twice is borrowed
     /// once; one this scope already owns or borrows is left as it is. All or nothing: if
     /// any tensor cannot be borrowed (freed by its closed scope, or in a workspace),
-    /// nothing is.
+    /// nothing is. The root never closes, so it cannot borrow ([`crate::Error::Scope`]).
     pub fn temp_attach_all(&self, tensors: &[&Tensor]) -> Result<()> {
         let all: Vec<_> = tensors.iter().map(|t| t.storage()).collect();
         self.owner.borrow_all(&all)

@@ -623,8 +623,17 @@ impl Owner {
     }
 
     /// Borrows every memory in `all` until this owner closes (see `Scope::temp_attach_all`);
-    /// all or nothing.
+    /// all or nothing. The root never closes, so it never borrows ([`Error::Scope`]): the
+    /// memory would never be given back (DJL's system manager refuses too).
     pub(crate) fn borrow_all(self: &Arc<Self>, all: &[&Arc<Owned>]) -> Result<()> {
+        if self.is_root() {
+            return Err(Error::Scope {
+                scope: self.name.clone(),
+                message: "the root scope never closes, so it cannot borrow tensors \
+                          (attach them to it instead)"
+                    .into(),
+            });
+        }
         let _transfer = ownership_lock();
         self.check_attachable("temp_attach_all", "X")?;
         let mut unique: Vec<&Arc<Owned>> = Vec::with_capacity(all.len());

@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod djl;
 mod heap;
 mod ops;
 mod reclaim;
