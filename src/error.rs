@@ -111,7 +111,8 @@ pub enum Error {
         /// The capped scope.
         scope: String,
     },
-    /// A scope operation that its state forbids (closing the root, closing twice, ...).
+    /// A scope operation that its state forbids (closing the root, borrowing into the root,
+    /// ...); closing a closed scope again is not one (it does nothing, as in DJL).
     #[error("scope [{scope}]: {message}")]
     Scope {
         /// The scope.
