@@ -159,6 +159,15 @@ pub enum Error {
         /// Why no device could be used.
         reason: String,
     },
+    /// The heap (the global allocator: `NDMEM_MAX_HEAP` through `Tracking`, or the system)
+    /// refused what an operation returns in a `Vec`; nothing was allocated.
+    #[error("{op}: the heap refused {requested} bytes (under NDMEM_MAX_HEAP or out of system memory); free heap memory or raise NDMEM_MAX_HEAP")]
+    HeapRefused {
+        /// The operation.
+        op: String,
+        /// Bytes asked for.
+        requested: usize,
+    },
     /// The device reported an error.
     #[error("device {device}: {message}")]
     Device {

@@ -164,6 +164,23 @@ fn a_limit_below_use_is_refused() {
     );
 }
 
+fn a_copy_the_heap_cannot_hold_is_an_error_not_an_abort() {
+    // The tensor's bytes are pool memory; `to_vec` copies them onto the heap.
+    let t = ndmem::Tensor::zeros(ndmem::DType::F32, &[1 << 20]).unwrap();
+    let live = heap::stats().live_bytes;
+    heap::set_limit(Some(live + (1 << 20))).unwrap();
+    let result = t.to_vec::<f32>();
+    heap::set_limit(None).unwrap();
+    let err = result.unwrap_err();
+    assert!(
+        matches!(err, ndmem::Error::HeapRefused { requested, .. } if requested == 4 << 20),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("NDMEM_MAX_HEAP"), "{err}");
+    // Nothing was lost: with room again, the copy works.
+    assert_eq!(t.to_vec::<f32>().unwrap().len(), 1 << 20);
+}
+
 static HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
 /// Calls that saw a zero-size layout or no limit; checked after the threads end, because
 /// the hook runs inside the allocator and must not panic.
@@ -450,7 +467,11 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 10] = [
+    let tests: [(&str, fn()); 11] = [
+        (
+            "a_copy_the_heap_cannot_hold_is_an_error_not_an_abort",
+            a_copy_the_heap_cannot_hold_is_an_error_not_an_abort,
+        ),
         (
             "vec_of_known_capacity_counts_exact_bytes",
             vec_of_known_capacity_counts_exact_bytes,

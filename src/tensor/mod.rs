@@ -453,7 +453,15 @@ impl Tensor {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         let pin = reclaim::pin();
         let view = self.array::<T>("to_vec", "X", &pin)?;
-        Ok(view.iter().copied().collect())
+        // Fallibly: under a heap limit a large copy is an error, not an abort.
+        let mut out = Vec::new();
+        out.try_reserve_exact(view.len())
+            .map_err(|_| Error::HeapRefused {
+                op: "to_vec".into(),
+                requested: view.len().saturating_mul(std::mem::size_of::<T>()),
+            })?;
+        out.extend(view.iter().copied());
+        Ok(out)
     }
 
     /// A read-only view of the elements (no copy), checked like an op's argument.
