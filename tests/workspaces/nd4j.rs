@@ -1,0 +1,760 @@
+//! Scenarios ported from ND4J's own workspace test suites
+//! (`nd4j-tests/src/test/java/org/nd4j/linalg/workspace/`: `BasicWorkspaceTests`,
+//! `WorkspaceProviderTests`, `SpecialWorkspaceTests`, `CyclicWorkspaceTests`,
+//! `DebugModeTests`). Each test names the ND4J test it comes from.
+//!
+//! The figures are ND4J's where ndmem's contract says the same. Where it deliberately
+//! differs, the test asserts ndmem's contract and says so:
+//! - offsets are rounded to 16 bytes (semantics §2.1), where ND4J padded `reqMem % 8`, so
+//!   a 40-byte tensor is followed by 8 bytes of padding before the next one;
+//! - buffer sizes are the pool block's capacity (its size class), hence `capacity(..)`;
+//! - `OverTime` with `cycles_before_initialization` 0 learns after the first cycle
+//!   (semantics §2.3 Decision); ND4J's explicit `initializeWorkspace()` has no equivalent,
+//!   so those tests set `cycles_before_initialization` to the cycle where ND4J calls it;
+//! - stale memory is an error (`LeakedWorkspacePointer`, `OutdatedWorkspacePointer`,
+//!   semantics §3), never undefined behaviour; ND4J's `isAttached()`/`isInScope()` are
+//!   `Tensor::workspace()` and `Tensor::is_valid()`;
+//! - ND4J's `notifyScopeBorrowed()` is re-entering a workspace that is open on this thread
+//!   (semantics §2.2: only nests, makes it current again), and `toggleWorkspaceUse(false)`
+//!   is `scope_out()`.
+//!
+//! Skipped, having no meaning here: CUDA tests, serialization (`testWorkspacesSerde*`),
+//! shape-info caching (`testNoShape1`), benchmarks (`testNoOpExecution_1`), garbage-
+//! collector loops (`EndlessWorkspaceTests`, `testGc`), and the process-wide default
+//! workspace (`testNewWorkspace1`).
+
+use ndmem::workspace::parent_of_current;
+use ndmem::{
+    workspaces, AllocationPolicy, DType, Error, LearningPolicy, MemorySource, SpillPolicy, Tensor,
+    WorkspaceConfig,
+};
+
+use crate::{capacity, layout};
+
+const MIB: usize = 1024 * 1024;
+
+/// ND4J's `BasicWorkspaceTests.basicConfig`: a fixed 10 MiB buffer, Strict, FirstLoop.
+fn basic() -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .initial_size(10 * MIB)
+        .max_size(10 * MIB)
+        .overallocation_limit(0.1)
+        .policy_allocation(AllocationPolicy::Strict)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .policy_spill(SpillPolicy::External)
+        .build()
+        .unwrap()
+}
+
+/// ND4J's `loopFirstConfig`: learned in the first loop, Strict.
+fn loop_first() -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .max_size(10 * MIB)
+        .overallocation_limit(0.1)
+        .policy_allocation(AllocationPolicy::Strict)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .build()
+        .unwrap()
+}
+
+/// ND4J's `loopOverTimeConfig`: learned over time, Strict.
+fn loop_over_time(cycles_before_initialization: u64) -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .max_size(10 * MIB)
+        .overallocation_limit(0.1)
+        .policy_allocation(AllocationPolicy::Strict)
+        .policy_learning(LearningPolicy::OverTime)
+        .cycles_before_initialization(cycles_before_initialization)
+        .build()
+        .unwrap()
+}
+
+fn doubles(values: &[f64]) -> Tensor {
+    Tensor::from_slice(values, &[values.len()]).unwrap()
+}
+
+fn sum(t: &Tensor) -> f64 {
+    t.sum(None).unwrap().scalar().unwrap()
+}
+
+fn used(id: &str) -> usize {
+    workspaces().workspace(id).unwrap().used
+}
+
+fn size(id: &str) -> usize {
+    workspaces().workspace(id).unwrap().size
+}
+
+const FIVE: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
+
+// ---- BasicWorkspaceTests ----------------------------------------------------------------
+
+#[test]
+fn a_tensor_outside_any_workspace_lives_in_the_pool() {
+    // ND4J BasicWorkspaceTests.testCold.
+    assert_eq!(workspaces().current(), None);
+    let array = Tensor::zeros(DType::F64, &[10])
+        .unwrap()
+        .add_scalar(1.0)
+        .unwrap();
+    assert_eq!(array.workspace(), None);
+    assert_eq!(sum(&array), 10.0);
+}
+
+#[test]
+fn min_size_bounds_the_first_learned_buffer() {
+    // ND4J BasicWorkspaceTests.testMinSize1: FirstLoop, Overallocate 1.0, min 10 MiB: the
+    // first cycle has no buffer, the second has min_size (semantics §2.3 clamping).
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .min_size(10 * MIB)
+        .overallocation_limit(1.0)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .build()
+        .unwrap();
+    {
+        let g = ws.get_and_activate(&cfg, "ND4J_MIN_SIZE").unwrap();
+        let _a = Tensor::zeros(DType::F64, &[100]).unwrap();
+        assert_eq!(g.stats().size, 0);
+    }
+    let g = ws.get_and_activate(&cfg, "ND4J_MIN_SIZE").unwrap();
+    let _a = Tensor::zeros(DType::F64, &[100]).unwrap();
+    assert_eq!(g.stats().size, capacity(10 * MIB));
+    assert_eq!((g.stats().used, g.stats().spilled_bytes), (800, 0));
+}
+
+fn leave_by_error() -> Result<Tensor, Error> {
+    let _g = workspaces().get_and_activate(&basic(), "ND4J_BREAKOUT")?;
+    Tensor::from_slice(&[1.0f64, 2.0], &[3])
+}
+
+#[test]
+fn leaving_by_error_or_panic_restores_no_current_workspace() {
+    // ND4J BasicWorkspaceTests.testBreakout2: an exception inside the workspace's scope
+    // still leaves it; here an error returned by `?`, and a panic unwinding through the guard.
+    let ws = workspaces();
+    assert_eq!(ws.current(), None);
+    assert!(matches!(leave_by_error(), Err(Error::Shape { .. })));
+    assert_eq!(ws.current(), None);
+    assert!(!ws.workspace("ND4J_BREAKOUT").unwrap().open);
+    let unwound = std::panic::catch_unwind(|| {
+        let _g = workspaces()
+            .get_and_activate(&basic(), "ND4J_BREAKOUT")
+            .unwrap();
+        panic!("inside the workspace");
+    });
+    assert!(unwound.is_err());
+    assert_eq!(ws.current(), None);
+    assert!(!ws.workspace("ND4J_BREAKOUT").unwrap().open);
+}
+
+fn out_scope() -> Tensor {
+    let _g = workspaces()
+        .get_and_activate(&basic(), "ND4J_BREAKOUT1")
+        .unwrap();
+    Tensor::zeros(DType::F64, &[10]).unwrap()
+}
+
+#[test]
+fn a_tensor_returned_out_of_its_workspace_is_attached_but_leaked() {
+    // ND4J BasicWorkspaceTests.testBreakout1: the returned array is still attached. ndmem
+    // contract (semantics §3): using it is LeakedWorkspacePointer instead of reading memory
+    // the next cycle reuses.
+    let scoped = out_scope();
+    assert_eq!(scoped.workspace(), Some("ND4J_BREAKOUT1"));
+    assert_eq!(workspaces().current(), None);
+    assert!(!scoped.is_valid());
+    assert!(matches!(
+        scoped.to_vec::<f64>(),
+        Err(Error::LeakedWorkspacePointer { .. })
+    ));
+}
+
+#[test]
+fn leverage_to_copies_a_view_into_the_outer_workspace() {
+    // ND4J BasicWorkspaceTests.testLeverage3: a view of a matrix in INT, leveraged to EXT,
+    // outlives INT's cycle. (ndmem writes only through the sole handle, so the ones are
+    // written when the matrix is made, and the view is a reshape sharing its storage.)
+    let ws = workspaces();
+    let _ext = ws.get_and_activate(&basic(), "ND4J_LEV3_EXT").unwrap();
+    let array = {
+        let _int = ws.get_and_activate(&basic(), "ND4J_LEV3_INT").unwrap();
+        let mut data = vec![0.0f32; 32 * 40];
+        data[..40].fill(1.0);
+        let matrix = Tensor::from_slice(&data, &[32, 1, 40]).unwrap();
+        let view = matrix.reshape(&[32, 40]).unwrap();
+        assert!(view.shares_storage(&matrix));
+        assert_eq!(sum(&matrix), 40.0);
+        assert_eq!(sum(&view), 40.0);
+        let array = view.leverage_to("ND4J_LEV3_EXT").unwrap();
+        assert_eq!(array.workspace(), Some("ND4J_LEV3_EXT"));
+        assert!(!array.shares_storage(&matrix));
+        array
+    };
+    assert_eq!(sum(&array), 40.0);
+}
+
+#[test]
+fn leverage_to_a_workspace_without_a_buffer_spills_and_survives_inner_cycles() {
+    // ND4J BasicWorkspaceTests.testLeverageTo2: EXT learns over time, so it has no buffer
+    // yet: the leveraged copy spills there (size stays 0) and outlives INT's next cycle.
+    // The learning is delayed past this test's only cycle of EXT (ND4J never initialises
+    // OVER_TIME by itself).
+    let ws = workspaces();
+    let ext_cfg = loop_over_time(5);
+    let _ext = ws.get_and_activate(&ext_cfg, "ND4J_LEVTO2_EXT").unwrap();
+    let _array1 = doubles(&FIVE);
+    let array3 = {
+        let _int = ws.get_and_activate(&basic(), "ND4J_LEVTO2_INT").unwrap();
+        let array2 = doubles(&FIVE);
+        let array3 = array2.leverage_to("ND4J_LEVTO2_EXT").unwrap();
+        assert_eq!(size("ND4J_LEVTO2_EXT"), 0);
+        assert_eq!(sum(&array3), 15.0);
+        array3
+    };
+    {
+        let _int = ws.get_and_activate(&basic(), "ND4J_LEVTO2_INT").unwrap();
+        let _array2 = Tensor::zeros(DType::F64, &[100]).unwrap();
+    }
+    assert_eq!(sum(&array3), 15.0);
+    assert_eq!(array3.workspace(), Some("ND4J_LEVTO2_EXT"));
+}
+
+#[test]
+fn leverage_to_bumps_the_target_workspace_offset() {
+    // ND4J BasicWorkspaceTests.testLeverageTo1: EXT's offset is one array, then two after
+    // the leverage (40 bytes each; ndmem pads the second to 16: 48 + 40).
+    let ws = workspaces();
+    let _ext = ws.get_and_activate(&basic(), "ND4J_LEVTO1_EXT").unwrap();
+    let _array1 = Tensor::zeros(DType::F64, &[5]).unwrap();
+    let _int = ws.get_and_activate(&basic(), "ND4J_LEVTO1_INT").unwrap();
+    let array2 = doubles(&FIVE);
+    assert_eq!(used("ND4J_LEVTO1_EXT"), 40);
+    let copy = array2.leverage_to("ND4J_LEVTO1_EXT").unwrap();
+    assert_eq!(used("ND4J_LEVTO1_EXT"), 48 + 40);
+    assert_eq!(used("ND4J_LEVTO1_INT"), 40);
+    assert_eq!(copy.to_vec::<f64>().unwrap(), FIVE);
+}
+
+#[test]
+fn scope_out_allocates_outside_and_restores_the_workspace() {
+    // ND4J BasicWorkspaceTests.testOutOfScope1 (and WorkspaceProviderTests
+    // .testWorkspacesSerde3): inside scopeOutOfWorkspaces() arrays are detached and the
+    // workspace offset does not move; afterwards the workspace is current again.
+    let ws = workspaces();
+    let _g = ws.get_and_activate(&basic(), "ND4J_OUT1").unwrap();
+    let array1 = doubles(&FIVE);
+    assert_eq!(used("ND4J_OUT1"), 40);
+    let array2 = {
+        let _out = ws.scope_out();
+        assert_eq!(ws.current(), None);
+        doubles(&FIVE)
+    };
+    assert_eq!(array2.workspace(), None);
+    assert_eq!(used("ND4J_OUT1"), 40);
+    assert_eq!(ws.current().as_deref(), Some("ND4J_OUT1"));
+    let _array3 = doubles(&FIVE);
+    assert_eq!(used("ND4J_OUT1"), 48 + 40);
+    let result = array1.add(&array2).unwrap();
+    assert_eq!(result.workspace(), Some("ND4J_OUT1"));
+    assert_eq!(sum(&result), 30.0);
+}
+
+#[test]
+fn leverage_copies_into_the_parent_workspace() {
+    // ND4J BasicWorkspaceTests.testLeverage1: leverage() from INT lands in EXT (its
+    // parent): INT's offset unchanged, EXT's grows by the array.
+    let ws = workspaces();
+    let _ext = ws.get_and_activate(&basic(), "ND4J_LEV1_EXT").unwrap();
+    assert_eq!(used("ND4J_LEV1_EXT"), 0);
+    let _int = ws.get_and_activate(&basic(), "ND4J_LEV1_INT").unwrap();
+    assert_eq!(parent_of_current().as_deref(), Some("ND4J_LEV1_EXT"));
+    let array = doubles(&FIVE);
+    assert_eq!(used("ND4J_LEV1_EXT"), 0);
+    assert_eq!(used("ND4J_LEV1_INT"), 40);
+    let copy = array.leverage().unwrap();
+    assert_eq!(used("ND4J_LEV1_INT"), 40);
+    assert_eq!(used("ND4J_LEV1_EXT"), 40);
+    assert_eq!(copy.workspace(), Some("ND4J_LEV1_EXT"));
+    assert_eq!(sum(&copy), 15.0);
+    // Leveraging what already lives in the parent returns it unchanged.
+    let again = copy.leverage().unwrap();
+    assert!(again.shares_storage(&copy));
+    assert_eq!(used("ND4J_LEV1_EXT"), 40);
+}
+
+#[test]
+fn a_detached_creation_inside_a_workspace_takes_no_workspace_bytes() {
+    // ND4J BasicWorkspaceTests.testCreateDetached1: createUninitializedDetached inside a
+    // workspace is pool memory; assigning into it leaves the workspace offset alone.
+    let ws = workspaces();
+    let _g = ws.get_and_activate(&basic(), "ND4J_DETACHED").unwrap();
+    let array1 = doubles(&FIVE);
+    let mut array2 = Tensor::zeros_in(&MemorySource::global(), DType::F64, &[5]).unwrap();
+    array2.assign(&array1).unwrap();
+    assert_eq!(used("ND4J_DETACHED"), 40);
+    assert_eq!(array2.workspace(), None);
+    assert_eq!(
+        array2.to_vec::<f64>().unwrap(),
+        array1.to_vec::<f64>().unwrap()
+    );
+}
+
+#[test]
+fn detach_copies_to_the_pool_and_the_copy_outlives_the_cycle() {
+    // ND4J BasicWorkspaceTests.testDetach1.
+    let ws = workspaces();
+    let (array, copy) = {
+        let _g = ws.get_and_activate(&basic(), "ND4J_DETACH1").unwrap();
+        let array = doubles(&FIVE);
+        assert!(array.is_valid());
+        assert_eq!(array.workspace(), Some("ND4J_DETACH1"));
+        assert_eq!(used("ND4J_DETACH1"), 40);
+        let copy = array.detach().unwrap();
+        assert!(array.is_valid());
+        assert_eq!(used("ND4J_DETACH1"), 40, "detach takes no workspace bytes");
+        assert_eq!(copy.workspace(), None);
+        assert!(copy.is_valid());
+        (array, copy)
+    };
+    assert_eq!(sum(&copy), 15.0);
+    assert!(!array.shares_storage(&copy));
+    assert!(!array.is_valid());
+}
+
+#[test]
+fn first_loop_spills_then_bumps_and_cycle_memory_goes_out_of_scope() {
+    // ND4J BasicWorkspaceTests.testScope2: the first cycle has no buffer (its array is in
+    // scope, spilled); the second bumps 800 bytes; out of the cycle the array is out of
+    // scope (ndmem: invalid, semantics §3).
+    let ws = workspaces();
+    let cfg = loop_first();
+    {
+        let g = ws.get_and_activate(&cfg, "ND4J_SCOPE2").unwrap();
+        let array = Tensor::zeros(DType::F64, &[100]).unwrap();
+        assert!(array.is_valid());
+        assert_eq!(g.stats().size, 0);
+        assert_eq!(g.stats().spilled_bytes, 800);
+    }
+    let array = {
+        let g = ws.get_and_activate(&cfg, "ND4J_SCOPE2").unwrap();
+        let array = Tensor::zeros(DType::F64, &[100]).unwrap();
+        assert!(array.is_valid());
+        assert_eq!(g.stats().used, 800);
+        array
+    };
+    assert!(!array.is_valid());
+}
+
+#[test]
+fn workspace_memory_is_in_scope_only_during_its_cycle() {
+    // ND4J BasicWorkspaceTests.testScope1.
+    let ws = workspaces();
+    let array = {
+        let _g = ws.get_and_activate(&basic(), "ND4J_SCOPE1").unwrap();
+        let array = Tensor::zeros(DType::F64, &[100]).unwrap();
+        assert!(array.is_valid());
+        array
+    };
+    assert!(!array.is_valid());
+}
+
+#[test]
+fn leverage_to_the_current_workspace_copies_a_pool_tensor_in() {
+    // ND4J BasicWorkspaceTests.testIsAttached3 / testIsAttached2: ND4J's leverageTo returns
+    // a detached array itself. ndmem contract (semantics §3): leverage_to copies into the
+    // named open workspace; the original stays a pool tensor, and tensors made after the
+    // cycle are not attached.
+    let ws = workspaces();
+    for (cfg, id) in [
+        (basic(), "ND4J_ATTACHED3"),
+        (loop_first(), "ND4J_ATTACHED2"),
+    ] {
+        let array = Tensor::zeros(DType::F64, &[100]).unwrap();
+        {
+            let _g = ws.get_and_activate(&cfg, id).unwrap();
+            let leveraged = array.leverage_to(id).unwrap();
+            assert_eq!(array.workspace(), None);
+            assert_eq!(leveraged.workspace(), Some(id));
+            assert!(!leveraged.shares_storage(&array));
+        }
+        let array2 = Tensor::zeros(DType::F64, &[100]).unwrap();
+        assert_eq!(array.workspace(), None);
+        assert_eq!(array2.workspace(), None);
+        assert!(array.is_valid());
+    }
+}
+
+#[test]
+fn a_spilled_tensor_is_still_attached_to_its_workspace() {
+    // ND4J BasicWorkspaceTests.testIsAttached1: in a first loop (no buffer) the array is
+    // attached though spilled; outside, arrays are not attached.
+    let ws = workspaces();
+    {
+        let g = ws
+            .get_and_activate(&loop_first(), "ND4J_ATTACHED1")
+            .unwrap();
+        let array = Tensor::zeros(DType::F64, &[100]).unwrap();
+        assert_eq!(array.workspace(), Some("ND4J_ATTACHED1"));
+        assert_eq!(g.stats().spilled_bytes, 800);
+    }
+    assert_eq!(Tensor::zeros(DType::F64, &[100]).unwrap().workspace(), None);
+}
+
+#[test]
+fn over_time_overallocate_learns_twice_the_largest_cycle() {
+    // ND4J BasicWorkspaceTests.testOverallocation3: OverTime, Overallocate 1.0, cycles of
+    // 10..100 doubles; ND4J then calls initializeWorkspace(): 2 x 800 bytes. Here the
+    // learning runs after the 10th cycle (cycles_before_initialization 10).
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .max_size(10 * MIB)
+        .overallocation_limit(1.0)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_learning(LearningPolicy::OverTime)
+        .cycles_before_initialization(10)
+        .build()
+        .unwrap();
+    for x in (10..=100).step_by(10) {
+        assert_eq!(ws.workspace("ND4J_OVER3").map_or(0, |s| s.size), 0);
+        let _g = ws.get_and_activate(&cfg, "ND4J_OVER3").unwrap();
+        let _array = Tensor::zeros(DType::F64, &[x]).unwrap();
+    }
+    assert_eq!(size("ND4J_OVER3"), capacity(200 * 8));
+    // Semantics §2.3 Decision: with the default 0, OverTime learns after the first cycle
+    // (ND4J's `==` test never fired at 0).
+    let zero = cfg
+        .to_builder()
+        .cycles_before_initialization(0)
+        .build()
+        .unwrap();
+    {
+        let _g = ws.get_and_activate(&zero, "ND4J_OVER3_ZERO").unwrap();
+        let _array = Tensor::zeros(DType::F64, &[10]).unwrap();
+    }
+    assert_eq!(size("ND4J_OVER3_ZERO"), capacity(2 * 80));
+}
+
+#[test]
+fn first_loop_overallocate_learns_twice_the_first_cycle() {
+    // ND4J BasicWorkspaceTests.testOverallocation2: 100 doubles x 2.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .max_size(10 * MIB)
+        .overallocation_limit(1.0)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .build()
+        .unwrap();
+    assert!(ws.workspace("ND4J_OVER2").is_none());
+    {
+        let _g = ws.get_and_activate(&cfg, "ND4J_OVER2").unwrap();
+        let _array = Tensor::zeros(DType::F64, &[100]).unwrap();
+    }
+    assert_eq!(size("ND4J_OVER2"), capacity(200 * 8));
+}
+
+#[test]
+fn an_initial_size_is_overallocated_once() {
+    // ND4J BasicWorkspaceTests.testOverallocation1: initial 1024, Overallocate 1.0,
+    // learning NONE: 2048 from the start.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(1024)
+        .max_size(10 * MIB)
+        .overallocation_limit(1.0)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_learning(LearningPolicy::None)
+        .build()
+        .unwrap();
+    let g = ws.get_and_activate(&cfg, "ND4J_OVER1").unwrap();
+    assert_eq!(g.stats().size, capacity(2048));
+}
+
+#[test]
+fn scope_out_in_a_cycle_is_not_counted_toward_its_size() {
+    // ND4J BasicWorkspaceTests.testToggle1: toggleWorkspaceUse(false) is scope_out(): the
+    // detached array does not count toward the learned size (200 doubles, not 300), and in
+    // the next cycle it does not move the offset.
+    let ws = workspaces();
+    let cfg = loop_first();
+    for cycle in 0..2 {
+        let g = ws.get_and_activate(&cfg, "ND4J_TOGGLE").unwrap();
+        let _array1 = Tensor::zeros(DType::F64, &[100]).unwrap();
+        {
+            let _out = ws.scope_out();
+            let detached = Tensor::full(DType::F64, &[100], 1.0).unwrap();
+            assert_eq!(detached.workspace(), None);
+            assert_eq!(sum(&detached), 100.0);
+        }
+        if cycle == 1 {
+            assert_eq!(g.stats().used, 800);
+        }
+        let _array2 = Tensor::zeros(DType::F64, &[100]).unwrap();
+        if cycle == 1 {
+            assert_eq!(g.stats().used, 1600);
+        }
+        drop(g);
+        assert_eq!(used("ND4J_TOGGLE"), 0);
+        assert_eq!(size("ND4J_TOGGLE"), capacity(1600));
+    }
+}
+
+#[test]
+fn first_loop_learns_both_arrays_and_later_cycles_rewind() {
+    // ND4J BasicWorkspaceTests.testLoop4.
+    let ws = workspaces();
+    let cfg = loop_first();
+    {
+        let _g = ws.get_and_activate(&cfg, "ND4J_LOOP4").unwrap();
+        let _a = Tensor::zeros(DType::F64, &[100]).unwrap();
+        let _b = Tensor::zeros(DType::F64, &[100]).unwrap();
+    }
+    assert_eq!(used("ND4J_LOOP4"), 0);
+    assert_eq!(size("ND4J_LOOP4"), capacity(1600));
+    {
+        let g = ws.get_and_activate(&cfg, "ND4J_LOOP4").unwrap();
+        let _a = Tensor::zeros(DType::F64, &[100]).unwrap();
+        assert_eq!(g.stats().used, 800);
+    }
+    assert_eq!(used("ND4J_LOOP4"), 0);
+}
+
+#[test]
+fn a_cold_first_loop_spills_and_learns_the_sum_of_its_arrays() {
+    // ND4J BasicWorkspaceTests.testLoops3: 100 + 10 doubles in the cold cycle: offset and
+    // size 0 meanwhile, then a buffer of 880 bytes.
+    let ws = workspaces();
+    {
+        let g = ws.get_and_activate(&loop_first(), "ND4J_LOOPS3").unwrap();
+        let _cold1 = Tensor::zeros(DType::F64, &[100]).unwrap();
+        let _cold2 = Tensor::zeros(DType::F64, &[10]).unwrap();
+        assert_eq!((g.stats().used, g.stats().size), (0, 0));
+    }
+    let s = workspaces().workspace("ND4J_LOOPS3").unwrap();
+    assert_eq!((s.used, s.max_cycle), (0, 880));
+    assert_eq!(s.size, capacity(880));
+}
+
+#[test]
+fn over_time_spills_every_cycle_until_it_learns_the_largest() {
+    // ND4J BasicWorkspaceTests.testLoops2: 100 cold cycles of 1..=100 doubles (offset and
+    // size 0 throughout), then initializeWorkspace() (here: after the 100th cycle), then a
+    // hot cycle bumps.
+    let ws = workspaces();
+    let cfg = loop_over_time(100);
+    for x in 1..=100 {
+        let g = ws.get_and_activate(&cfg, "ND4J_LOOPS2").unwrap();
+        let _cold = Tensor::zeros(DType::F64, &[x]).unwrap();
+        assert_eq!((g.stats().used, g.stats().size), (0, 0), "cycle {x}");
+    }
+    assert_eq!(size("ND4J_LOOPS2"), capacity(800));
+    assert_eq!(used("ND4J_LOOPS2"), 0);
+    let g = ws.get_and_activate(&cfg, "ND4J_LOOPS2").unwrap();
+    let _hot = Tensor::zeros(DType::F64, &[10]).unwrap();
+    assert_eq!((g.stats().used, g.stats().spilled_bytes), (80, 0));
+}
+
+#[test]
+fn over_time_learns_the_cold_cycle_and_hot_cycles_fit() {
+    // ND4J BasicWorkspaceTests.testLoops1: the cold cycle spills an array and its sum
+    // (ND4J: an extra scalar); once learned, ten hot cycles bump the array and the sum's
+    // scalar and rewind to 0. (ndmem's op writes a new array where ND4J's addi wrote in
+    // place; the learned size is the cold cycle's, 80 + 16 bytes.)
+    let ws = workspaces();
+    let cfg = loop_over_time(0);
+    {
+        let g = ws.get_and_activate(&cfg, "ND4J_LOOPS1").unwrap();
+        let cold = Tensor::ones(DType::F64, &[10]).unwrap();
+        assert_eq!((g.stats().used, g.stats().size), (0, 0));
+        assert_eq!(sum(&cold), 10.0);
+    }
+    assert_eq!(size("ND4J_LOOPS1"), capacity(96));
+    for x in 0..10 {
+        assert_eq!(used("ND4J_LOOPS1"), 0);
+        let g = ws.get_and_activate(&cfg, "ND4J_LOOPS1").unwrap();
+        let array = Tensor::ones(DType::F64, &[10]).unwrap();
+        assert_eq!(g.stats().used, 80);
+        let total = array.sum(None).unwrap();
+        assert_eq!(g.stats().used, 80 + 8);
+        assert_eq!(total.scalar().unwrap(), 10.0, "iteration {x}");
+        assert_eq!(g.stats().spilled_bytes, 0);
+        drop(g);
+        assert_eq!(used("ND4J_LOOPS1"), 0);
+    }
+}
+
+#[test]
+fn allocations_and_copies_bump_the_offset() {
+    // ND4J BasicWorkspaceTests.testAllocation6 / testAllocation5: a random 100x10 array
+    // bumps 1000 doubles and its dup another 1000; a 1x5 array bumps 40 bytes, its dup
+    // 40 more (ndmem: after 8 bytes of padding) and reads 5.
+    let ws = workspaces();
+    {
+        let g = ws.get_and_activate(&basic(), "ND4J_ALLOC6").unwrap();
+        assert_eq!(g.stats().used, 0);
+        let array = Tensor::rand(DType::F64, &[100, 10], 6).unwrap();
+        assert_eq!(g.stats().used, 8000);
+        let dup = array.copy().unwrap();
+        assert_eq!(g.stats().used, 16_000);
+        assert_eq!(dup.workspace(), Some("ND4J_ALLOC6"));
+        assert_eq!(dup.to_vec::<f64>().unwrap(), array.to_vec::<f64>().unwrap());
+    }
+    let g = ws.get_and_activate(&basic(), "ND4J_ALLOC5").unwrap();
+    let array = Tensor::full(DType::F64, &[1, 5], 1.0).unwrap();
+    assert_eq!(g.stats().used, 40);
+    let dup = array.copy().unwrap();
+    assert_eq!(g.stats().used, 48 + 40);
+    assert_eq!(sum(&dup), 5.0);
+}
+
+#[test]
+fn a_fail_workspace_refuses_a_too_large_array_and_keeps_its_offset() {
+    // ND4J BasicWorkspaceTests.testAllocation4: SpillPolicy FAIL with a 1 MiB buffer: 10^7
+    // doubles are refused (ND4JIllegalStateException; here Error::WorkspaceFull), the
+    // offset stays, and the next small array still bumps.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(MIB)
+        .max_size(MIB)
+        .overallocation_limit(0.1)
+        .policy_allocation(AllocationPolicy::Strict)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .policy_spill(SpillPolicy::Fail)
+        .build()
+        .unwrap();
+    let g = ws.get_and_activate(&cfg, "ND4J_ALLOC4").unwrap();
+    assert_eq!(g.stats().used, 0);
+    let _array = Tensor::zeros(DType::F64, &[1, 5]).unwrap();
+    assert_eq!(g.stats().used, 40);
+    match Tensor::zeros(DType::F64, &[10_000_000]) {
+        Err(Error::WorkspaceFull {
+            workspace,
+            requested,
+            ..
+        }) => {
+            assert_eq!(workspace, "ND4J_ALLOC4");
+            assert!(requested >= 80_000_000);
+        }
+        other => panic!("expected WorkspaceFull, got {other:?}"),
+    }
+    assert_eq!(g.stats().used, 40);
+    let _array2 = Tensor::zeros(DType::F64, &[1, 5]).unwrap();
+    assert_eq!(g.stats().used, 48 + 40);
+}
+
+#[test]
+fn arrays_in_a_workspace_hold_their_values_through_ops() {
+    // ND4J BasicWorkspaceTests.testAllocation1 / 2 / 3.
+    let ws = workspaces();
+    let _g = ws.get_and_activate(&basic(), "ND4J_ALLOC1").unwrap();
+    assert_eq!(used("ND4J_ALLOC1"), 0);
+    let array = doubles(&FIVE);
+    assert_eq!(used("ND4J_ALLOC1"), 40);
+    assert_eq!(array.to_vec::<f64>().unwrap(), FIVE);
+    assert_eq!(sum(&array), 15.0);
+    let array2 = doubles(&[5.0, 4.0, 3.0, 2.0, 1.0]);
+    assert_eq!(sum(&array2), 15.0);
+    let added = array.add(&array2).unwrap();
+    assert_eq!(sum(&added), 30.0);
+    assert_eq!(added.to_vec::<f64>().unwrap(), [6.0; 5]);
+    let ones = Tensor::full(DType::F64, &[5], 1.0).unwrap();
+    assert_eq!(sum(&ones), 5.0);
+    assert_eq!(added.workspace(), Some("ND4J_ALLOC1"));
+}
+
+#[test]
+fn stale_arrays_cannot_be_leveraged_migrated_detached_or_copied() {
+    // ND4J BasicWorkspaceTests.testInvalidLeverageMigrateDetach: an array from a cycle
+    // that has ended (ND4JWorkspaceException; here LeakedWorkspacePointer) is refused by
+    // leverage, leverage_to, detach, migrate and dup, inside another workspace or not.
+    let ws = workspaces();
+    let mut invalid = None;
+    for _ in 0..10 {
+        let _g = ws.get_and_activate(&basic(), "ND4J_INVALID").unwrap();
+        invalid = Some(Tensor::from_slice(&[1.0f64; 10], &[10]).unwrap());
+    }
+    let invalid = invalid.unwrap();
+    assert_eq!(invalid.workspace(), Some("ND4J_INVALID"));
+    let leaked = |r: Result<Tensor, Error>| {
+        assert!(
+            matches!(r, Err(Error::LeakedWorkspacePointer { .. })),
+            "{r:?}"
+        )
+    };
+    {
+        let _g2 = ws.get_and_activate(&basic(), "ND4J_INVALID2").unwrap();
+        leaked(invalid.leverage());
+        leaked(invalid.leverage_to("ND4J_INVALID2"));
+        leaked(invalid.migrate());
+        leaked(invalid.detach());
+        leaked(invalid.copy());
+    }
+    leaked(invalid.leverage_to("ND4J_INVALID2"));
+    leaked(invalid.detach());
+    leaked(invalid.migrate());
+    leaked(invalid.copy());
+    ws.destroy_all_for_current_thread();
+}
+
+#[test]
+fn arrays_of_an_earlier_generation_cannot_be_leveraged_migrated_detached_or_copied() {
+    // ND4J BasicWorkspaceTests.testBadGenerationLeverageMigrateDetach: an array of
+    // generation 3 used in generation 4 of the same (open) workspace is outdated.
+    let ws = workspaces();
+    let mut gen = None;
+    for i in 0..4 {
+        let outer = ws.get_and_activate(&basic(), "ND4J_BADGEN").unwrap();
+        let arr = Tensor::from_slice(&[1.0f64; 10], &[10]).unwrap();
+        if i == 2 {
+            gen = Some(arr);
+        } else if i == 3 {
+            let _inner = ws.get_and_activate(&basic(), "ND4J_BADGEN2").unwrap();
+            let stale = gen.as_ref().unwrap();
+            let outdated = |r: Result<Tensor, Error>| match r {
+                Err(Error::OutdatedWorkspacePointer {
+                    allocated_in,
+                    current,
+                    ..
+                }) => assert_eq!((allocated_in, current), (3, 4)),
+                other => panic!("expected OutdatedWorkspacePointer, got {other:?}"),
+            };
+            outdated(stale.leverage());
+            outdated(stale.leverage_to("ND4J_BADGEN2"));
+            outdated(stale.detach());
+            outdated(stale.migrate());
+            outdated(stale.copy());
+            assert_eq!(outer.generation(), 4);
+        }
+    }
+}
+
+#[test]
+fn a_mapped_workspace_reads_back_its_data_in_the_next_cycle() {
+    // ND4J BasicWorkspaceTests.testMmap1: 100 doubles of 10 in a memory-mapped workspace;
+    // the next cycle's uninitialised allocation at the same offset reads the same bytes.
+    // (ndmem creates only initialised tensors, so the read-back goes through the guard's
+    // raw allocation.)
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(1_000_000)
+        .policy_location(ndmem::LocationPolicy::Mmap { path: None })
+        .build()
+        .unwrap();
+    {
+        let _g = ws.get_and_activate(&cfg, "ND4J_MMAP1").unwrap();
+        let array = Tensor::full(DType::F64, &[100], 10.0).unwrap();
+        assert_eq!(array.workspace(), Some("ND4J_MMAP1"));
+        assert_eq!(sum(&array), 1000.0);
+    }
+    let g = ws.get_and_activate(&cfg, "ND4J_MMAP1").unwrap();
+    let again = g.alloc_memory(layout(800)).unwrap();
+    again.stamp.check("sum", "X").unwrap();
+    let bytes = crate::read(&again);
+    let total: f64 = bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
+        .sum();
+    assert_eq!(total, 1000.0);
+}
