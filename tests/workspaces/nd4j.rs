@@ -25,8 +25,8 @@
 
 use ndmem::workspace::parent_of_current;
 use ndmem::{
-    workspaces, AllocationPolicy, DType, Error, LearningPolicy, MemorySource, SpillPolicy, Tensor,
-    WorkspaceConfig,
+    workspaces, AllocationPolicy, DType, Error, LearningPolicy, MemorySource, ResetPolicy,
+    SpillPolicy, Tensor, WorkspaceConfig,
 };
 
 use crate::{capacity, layout};
@@ -757,4 +757,650 @@ fn a_mapped_workspace_reads_back_its_data_in_the_next_cycle() {
         .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
         .sum();
     assert_eq!(total, 1000.0);
+}
+
+// ---- WorkspaceProviderTests -------------------------------------------------------------
+
+/// ND4J's `WorkspaceProviderTests.basicConfiguration`: 81920 bytes x 1.1, learning NONE.
+fn provider_basic() -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .initial_size(81_920)
+        .overallocation_limit(0.1)
+        .policy_spill(SpillPolicy::External)
+        .policy_learning(LearningPolicy::None)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .build()
+        .unwrap()
+}
+
+/// ND4J's `loopConfiguration` (cycles_before_initialization 0) and
+/// `delayedConfiguration` (3): OverTime, Strict, External.
+fn provider_loop(cycles_before_initialization: u64) -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .overallocation_limit(0.1)
+        .policy_spill(SpillPolicy::External)
+        .policy_learning(LearningPolicy::OverTime)
+        .cycles_before_initialization(cycles_before_initialization)
+        .policy_allocation(AllocationPolicy::Strict)
+        .build()
+        .unwrap()
+}
+
+/// ND4J's `circularConfiguration`: min 10 MiB, limit 1.0, Strict, circular.
+fn provider_circular() -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .min_size(10 * MIB)
+        .overallocation_limit(1.0)
+        .policy_spill(SpillPolicy::External)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .policy_allocation(AllocationPolicy::Strict)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .build()
+        .unwrap()
+}
+
+fn floats(n: usize) -> Tensor {
+    Tensor::zeros(DType::F32, &[n]).unwrap()
+}
+
+#[test]
+fn a_circular_over_time_workspace_learns_after_its_delay() {
+    // ND4J WorkspaceProviderTests.testUnboundedLoop2: circular, OverTime after 5 cycles,
+    // Overallocate 4.0, cycles of 100 floats: no buffer before the 5th cycle ends, then
+    // a block of 400 x 1.3 (ND4J: 528 with its padding; round16(520) = 528 here) and a
+    // buffer of 5 blocks.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .overallocation_limit(4.0)
+        .policy_learning(LearningPolicy::OverTime)
+        .cycles_before_initialization(5)
+        .build()
+        .unwrap();
+    for x in 0..100 {
+        {
+            let _g = ws.get_and_activate(&cfg, "ND4J_UNBOUNDED2").unwrap();
+            let _array = floats(100);
+        }
+        let s = ws.workspace("ND4J_UNBOUNDED2").unwrap();
+        if x > 4 {
+            assert_eq!((s.size, s.slots), (capacity(5 * 528), 5), "iteration {x}");
+            assert_eq!(s.spilled_bytes, 0);
+        } else if x < 4 {
+            assert_eq!(s.size, 0, "iteration {x}: not initialised early");
+        }
+    }
+    assert_eq!(ws.current(), None);
+}
+
+#[test]
+fn a_strict_circular_workspace_reuses_its_one_slot_when_nothing_holds_it() {
+    // ND4J WorkspaceProviderTests.testUnboundedLoop1: circular Strict with 100 x 100
+    // floats; ND4J walks the buffer 400 bytes per cycle. ndmem contract (semantics §2.4):
+    // Strict gives one slot, every cycle starts at a slot boundary and, nothing referring
+    // to the previous cycle's memory, reuses the same slot without spilling.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(100 * 100 * 4)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .policy_allocation(AllocationPolicy::Strict)
+        .build()
+        .unwrap();
+    let mut first = None;
+    for x in 0..100 {
+        let g = ws.get_and_activate(&cfg, "ND4J_UNBOUNDED1").unwrap();
+        let m = g.alloc_memory(layout(400)).unwrap();
+        assert_eq!(*first.get_or_insert(m.ptr), m.ptr, "cycle {x}");
+        assert_eq!(g.stats().spilled_bytes, 0);
+        let array = floats(100);
+        assert_eq!(array.workspace(), Some("ND4J_UNBOUNDED1"));
+        assert_eq!(g.stats().used, 800);
+    }
+    let s = ws.workspace("ND4J_UNBOUNDED1").unwrap();
+    assert_eq!((s.slots, s.size), (1, capacity(40_000)));
+    assert_eq!(s.total_spilled_bytes, 0);
+    assert_eq!(ws.current(), None);
+}
+
+#[test]
+fn each_thread_gets_its_own_workspace_under_one_id() {
+    // ND4J WorkspaceProviderTests.testMultithreading1: 20 threads asking for the same
+    // workspace get 20 different workspaces (semantics §2.5: per thread).
+    let ws = workspaces();
+    let _mine = ws.get_and_activate(&provider_basic(), "ND4J_MT").unwrap();
+    let here = ws.workspace("ND4J_MT").unwrap();
+    // Every thread keeps its workspace until all have made theirs, so none is freed (and
+    // its memory reused) before the addresses are compared.
+    let all_made = std::sync::Arc::new(std::sync::Barrier::new(20));
+    let threads: Vec<_> = (0..20)
+        .map(|_| {
+            let all_made = std::sync::Arc::clone(&all_made);
+            std::thread::spawn(move || {
+                let ws = workspaces();
+                assert!(!ws.exists("ND4J_MT"), "a new thread has none yet");
+                let g = ws.get_and_activate(&provider_basic(), "ND4J_MT").unwrap();
+                assert_eq!(g.generation(), 1);
+                let base = g.alloc_memory(layout(64)).unwrap().ptr.as_ptr() as usize;
+                all_made.wait();
+                base
+            })
+        })
+        .collect();
+    let mut bases: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    bases.sort_unstable();
+    bases.dedup();
+    assert_eq!(bases.len(), 20, "20 distinct buffers");
+    assert_eq!(ws.workspace("ND4J_MT").unwrap().generation, here.generation);
+    assert_eq!(ws.current().as_deref(), Some("ND4J_MT"));
+}
+
+#[test]
+fn borrowing_an_open_outer_workspace_allocates_there_and_restores_the_inner() {
+    // ND4J WorkspaceProviderTests.testNestedWorkspacesOverlap2 / Overlap1: with WS2 current,
+    // WS1 (open) is borrowed: allocations and copies land in WS1, WS2's offset stays; once
+    // the borrow ends WS2 is current again and the copy is still readable. Borrowing is
+    // re-entry here: no new generation, no rewind (semantics §2.2).
+    let ws = workspaces();
+    let ws1 = ws
+        .get_and_activate(&provider_basic(), "ND4J_OVERLAP1")
+        .unwrap();
+    let _array = doubles(&[6.0, 3.0, 1.0, 9.0, 21.0]);
+    assert_eq!(ws1.stats().used, 40);
+    let array3 = {
+        let ws2 = ws
+            .get_and_activate(&provider_basic(), "ND4J_OVERLAP2")
+            .unwrap();
+        let array2 = doubles(&FIVE);
+        assert_eq!((ws1.stats().used, ws2.stats().used), (40, 40));
+        let array3 = {
+            let ws3 = ws
+                .get_and_activate(&provider_basic(), "ND4J_OVERLAP1")
+                .unwrap();
+            assert_eq!(ws.current().as_deref(), Some("ND4J_OVERLAP1"));
+            assert_eq!(ws3.generation(), ws1.generation());
+            let array3 = array2.copy().unwrap();
+            assert_eq!(array3.workspace(), Some("ND4J_OVERLAP1"));
+            assert_eq!(ws2.stats().used, 40);
+            assert_eq!(ws1.stats().used, 48 + 40);
+            // Floats (testNestedWorkspacesOverlap1): 20 bytes, padded to 32 as in ND4J.
+            let _f = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0], &[5]).unwrap();
+            assert_eq!(ws1.stats().used, 96 + 20);
+            assert_eq!(ws2.stats().used, 40);
+            array3
+        };
+        assert_eq!(ws.current().as_deref(), Some("ND4J_OVERLAP2"));
+        assert_eq!((ws1.stats().used, ws2.stats().used), (116, 40));
+        assert_eq!(sum(&array3), 15.0);
+        array3
+    };
+    assert_eq!(ws.current().as_deref(), Some("ND4J_OVERLAP1"));
+    assert_eq!(sum(&array3), 15.0, "WS1's cycle still runs");
+    drop(ws1);
+    assert_eq!(ws.current(), None);
+    assert!(!array3.is_valid());
+}
+
+#[test]
+fn a_circular_workspace_learns_min_size_and_releases_its_first_spill() {
+    // ND4J WorkspaceProviderTests.testCircularBufferReset1: the first cycle spills 10000
+    // floats (size 0, one external allocation); then the buffer is min_size (10 MiB) and
+    // after cycles covering 11 MiB no spill is left.
+    let ws = workspaces();
+    {
+        let g = ws
+            .get_and_activate(&provider_circular(), "ND4J_WSR1")
+            .unwrap();
+        let _a = floats(10_000);
+        assert_eq!(g.stats().size, 0);
+        assert_eq!(g.stats().spilled_bytes, 40_000);
+    }
+    let s = ws.workspace("ND4J_WSR1").unwrap();
+    assert_eq!(s.size, capacity(10 * MIB));
+    assert_eq!(s.used, 0);
+    assert_eq!(
+        s.pinned_bytes,
+        capacity(40_000),
+        "the first cycle's spill is pinned"
+    );
+    // Slots of 40,000 x 1.3 bytes, as many as min_size holds (semantics §2.4).
+    assert_eq!(s.slots, 10 * MIB / 52_000);
+    for _ in (0..11 * MIB).step_by(40_000) {
+        let g = ws
+            .get_and_activate(&provider_circular(), "ND4J_WSR1")
+            .unwrap();
+        let _a = floats(10_000);
+        assert_eq!(g.stats().spilled_bytes, 0);
+    }
+    let s = ws.workspace("ND4J_WSR1").unwrap();
+    assert_eq!((s.pinned_bytes, s.spilled_bytes), (0, 0));
+    assert_eq!(s.total_spilled_bytes, 40_000);
+}
+
+#[test]
+fn a_circular_reallocate_workspace_grows_after_a_larger_input() {
+    // ND4J WorkspaceProviderTests.testVariableInput1: circular, Overallocate 3.0,
+    // Reallocate. The first cycle of 8x128x100 doubles learns block = 819,200 x 1.3 and
+    // 4 blocks; the second cycle starts one block in; a larger cycle (8x128x200) spills
+    // (pinned) and leaves the offsets; the ring is rebuilt for it afterwards (ND4J: when
+    // the ring comes round; ndmem: two cycles after the spill, slots of max_cycle, the
+    // same slot count), and the larger input then fits.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .overallocation_limit(3.0)
+        .policy_spill(SpillPolicy::Reallocate)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .build()
+        .unwrap();
+    let small = 8 * 128 * 100 * 8;
+    let block = 1_064_960; // 819,200 x 1.3, a multiple of 16
+    let first = {
+        let g = ws.get_and_activate(&cfg, "ND4J_ADSI").unwrap();
+        g.alloc_memory(layout(small)).unwrap().ptr.as_ptr() as usize
+    };
+    let s = ws.workspace("ND4J_ADSI").unwrap();
+    assert_eq!((s.size, s.slots, s.cycles), (capacity(4 * block), 4, 1));
+    let (slot0, slot1) = {
+        let g = ws.get_and_activate(&cfg, "ND4J_ADSI").unwrap();
+        let m0 = g.alloc_memory(layout(small)).unwrap();
+        assert_eq!(g.stats().spilled_bytes, 0);
+        (m0.ptr.as_ptr() as usize, first)
+    };
+    let _ = slot1;
+    let next = {
+        let g = ws.get_and_activate(&cfg, "ND4J_ADSI").unwrap();
+        let m = g.alloc_memory(layout(small)).unwrap();
+        m.ptr.as_ptr() as usize
+    };
+    assert_eq!(next - slot0, block, "each cycle starts one block further");
+    {
+        let g = ws.get_and_activate(&cfg, "ND4J_ADSI").unwrap();
+        let _big = g.alloc_memory(layout(2 * small)).unwrap();
+        assert_eq!((g.stats().used, g.stats().spilled_bytes), (0, 2 * small));
+    }
+    let s = ws.workspace("ND4J_ADSI").unwrap();
+    assert_eq!((s.size, s.cycles), (capacity(4 * block), 4));
+    assert_eq!(s.pinned_bytes, capacity(2 * small), "the spill is pinned");
+    for _ in 0..12 {
+        let g = ws.get_and_activate(&cfg, "ND4J_ADSI").unwrap();
+        let _m = g.alloc_memory(layout(small)).unwrap();
+    }
+    let s = ws.workspace("ND4J_ADSI").unwrap();
+    assert_eq!((s.max_cycle, s.slots), (2 * small, 4));
+    assert_eq!(s.size, capacity(4 * 2 * small));
+    assert_eq!(s.pinned_bytes, 0);
+    let g = ws.get_and_activate(&cfg, "ND4J_ADSI").unwrap();
+    let _big = g.alloc_memory(layout(2 * small)).unwrap();
+    assert_eq!(g.stats().spilled_bytes, 0, "the larger input fits now");
+}
+
+#[test]
+fn reallocate_grows_with_each_larger_cycle_and_never_shrinks() {
+    // ND4J WorkspaceProviderTests.testReallocate3: Reallocate, OverTime, Overallocate 0.0;
+    // cycles of 100 x i floats for i = 1..10, then back down. ND4J initialises explicitly
+    // at i = 3; here learning runs after the first cycle (semantics §2.3 Decision), and
+    // every larger cycle that spills reallocates the buffer to max_cycle: after the loop up
+    // it holds 4000 bytes, and the loop down neither spills nor shrinks it.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .overallocation_limit(0.0)
+        .policy_spill(SpillPolicy::Reallocate)
+        .policy_learning(LearningPolicy::OverTime)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_reset(ResetPolicy::BlockLeft)
+        .build()
+        .unwrap();
+    for i in 1..=10 {
+        {
+            let _g = ws.get_and_activate(&cfg, "ND4J_REALLOC3").unwrap();
+            let _array = floats(100 * i);
+        }
+        let s = ws.workspace("ND4J_REALLOC3").unwrap();
+        assert_eq!(s.max_cycle, 400 * i);
+        assert!(
+            (400 * i..=capacity(400 * i)).contains(&s.size),
+            "iteration {i}: {s:?}"
+        );
+    }
+    let learned = size("ND4J_REALLOC3");
+    for i in (1..=10).rev() {
+        let g = ws.get_and_activate(&cfg, "ND4J_REALLOC3").unwrap();
+        let _array = floats(100 * i);
+        assert_eq!(g.stats().spilled_bytes, 0);
+    }
+    assert_eq!(size("ND4J_REALLOC3"), learned);
+    assert!(learned >= 4000);
+}
+
+#[test]
+fn delayed_reallocate_starts_at_its_delay_then_follows_each_cycle() {
+    // ND4J WorkspaceProviderTests.testReallocate2: OverTime after 3 cycles, Reallocate,
+    // Strict: no buffer for cycles 1 and 2, then a buffer holding cycle i's 100 x i
+    // floats after every cycle i >= 3.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .overallocation_limit(0.1)
+        .policy_spill(SpillPolicy::Reallocate)
+        .cycles_before_initialization(3)
+        .policy_learning(LearningPolicy::OverTime)
+        .policy_allocation(AllocationPolicy::Strict)
+        .build()
+        .unwrap();
+    for i in 1..=10 {
+        {
+            let _g = ws.get_and_activate(&cfg, "ND4J_REALLOC2").unwrap();
+            let _array = floats(100 * i);
+        }
+        let s = size("ND4J_REALLOC2");
+        if i >= 3 {
+            assert!(
+                (400 * i..=capacity(400 * i)).contains(&s),
+                "iteration {i}: {s}"
+            );
+        } else {
+            assert_eq!(s, 0, "iteration {i}");
+        }
+    }
+}
+
+#[test]
+fn a_circular_workspace_starts_each_cycle_in_the_next_block() {
+    // ND4J WorkspaceProviderTests.testCircularLearning1: circular with min_size 10 MiB:
+    // the buffer is 10 MiB after the first cycle, and the second cycle starts one block
+    // after the first.
+    let ws = workspaces();
+    let mut starts = Vec::new();
+    for _ in 0..3 {
+        let g = ws
+            .get_and_activate(&provider_circular(), "ND4J_WSX")
+            .unwrap();
+        let m = g.alloc_memory(layout(40)).unwrap();
+        starts.push(m.ptr.as_ptr() as usize);
+        drop(g);
+        assert_eq!(size("ND4J_WSX"), capacity(10 * MIB));
+    }
+    let s = ws.workspace("ND4J_WSX").unwrap();
+    let block = 64; // round16(40 x 1.3)
+    assert!(s.slots > 1);
+    assert_eq!(starts[2] - starts[1], block);
+}
+
+#[test]
+fn reallocate_over_time_follows_the_larger_cycle() {
+    // ND4J WorkspaceProviderTests.testReallocate1: OverTime, Reallocate, Strict: 100 floats
+    // learn 400 bytes; a cycle of 1000 floats makes max_cycle 4000 and the buffer 4000;
+    // then 500 floats of 1.0 fit and read back a mean of 1.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .overallocation_limit(0.1)
+        .policy_spill(SpillPolicy::Reallocate)
+        .policy_learning(LearningPolicy::OverTime)
+        .policy_allocation(AllocationPolicy::Strict)
+        .build()
+        .unwrap();
+    {
+        let _g = ws.get_and_activate(&cfg, "ND4J_REALLOC1").unwrap();
+        let _array = floats(100);
+    }
+    assert_eq!(size("ND4J_REALLOC1"), capacity(400));
+    {
+        let _g = ws.get_and_activate(&cfg, "ND4J_REALLOC1").unwrap();
+        let _array = floats(1000);
+    }
+    let s = ws.workspace("ND4J_REALLOC1").unwrap();
+    assert_eq!(s.max_cycle, 4000);
+    assert_eq!(s.size, capacity(4000));
+    let g = ws.get_and_activate(&cfg, "ND4J_REALLOC1").unwrap();
+    let array = Tensor::full(DType::F32, &[500], 1.0).unwrap();
+    assert_eq!(array.mean(None).unwrap().scalar().unwrap(), 1.0);
+    assert_eq!(g.stats().spilled_bytes, 0);
+}
+
+#[test]
+fn re_entering_an_open_workspace_twice_keeps_one_cycle() {
+    // ND4J WorkspaceProviderTests.testNestedWorkspaces10: WS_1 entered, re-entered and
+    // borrowed inside itself: every allocation goes to the one running cycle, and the
+    // cycle ends with the outermost guard.
+    let ws = workspaces();
+    for x in 1..10 {
+        let ws1 = ws
+            .get_and_activate(&provider_basic(), "ND4J_NESTED10")
+            .unwrap();
+        let generation = ws1.generation();
+        let _a1 = floats(100 * x);
+        {
+            let ws2 = ws
+                .get_and_activate(&provider_basic(), "ND4J_NESTED10")
+                .unwrap();
+            let _a2 = floats(100 * x);
+            {
+                let ws3 = ws
+                    .get_and_activate(&provider_basic(), "ND4J_NESTED10")
+                    .unwrap();
+                let _a3 = floats(100 * x);
+                assert_eq!(ws3.generation(), generation);
+                assert_eq!(ws3.stats().used, 3 * 400 * x);
+            }
+            assert_eq!(ws2.stats().used, 3 * 400 * x);
+        }
+        assert!(ws1.stats().open);
+        drop(ws1);
+        let s = ws.workspace("ND4J_NESTED10").unwrap();
+        assert_eq!((s.cycles, s.used), (x as u64, 0));
+    }
+}
+
+#[test]
+fn over_time_with_a_delay_learns_the_largest_of_its_first_cycles() {
+    // ND4J WorkspaceProviderTests.testNestedWorkspaces9: OverTime after 3 cycles, Strict,
+    // cycles of 100 x x floats for x = 1..9: 300 floats, the largest of the first three
+    // (External never grows it afterwards).
+    let ws = workspaces();
+    for x in 1..10 {
+        let _g = ws
+            .get_and_activate(&provider_loop(3), "ND4J_NESTED9")
+            .unwrap();
+        let _array = floats(100 * x);
+    }
+    assert_eq!(size("ND4J_NESTED9"), capacity(300 * 4));
+}
+
+#[test]
+fn over_time_learns_once_and_external_spills_never_grow_it() {
+    // ND4J WorkspaceProviderTests.testNestedWorkspaces8: 100 floats learn 400 bytes; a
+    // cycle of 1000 floats spills and leaves the size at 400.
+    let ws = workspaces();
+    {
+        let _g = ws
+            .get_and_activate(&provider_loop(0), "ND4J_NESTED8")
+            .unwrap();
+        let _array = floats(100);
+    }
+    assert_eq!(size("ND4J_NESTED8"), capacity(400));
+    {
+        let g = ws
+            .get_and_activate(&provider_loop(0), "ND4J_NESTED8")
+            .unwrap();
+        let _array = floats(1000);
+        assert_eq!(g.stats().spilled_bytes, 4000);
+    }
+    assert_eq!(size("ND4J_NESTED8"), capacity(400));
+}
+
+fn nested_borrow_and_scope_out(cfg: &WorkspaceConfig, external: &str, feed_forward: &str) {
+    let ws = workspaces();
+    let _ext = ws.get_and_activate(cfg, external).unwrap();
+    let _array1 = floats(10);
+    let _ff = ws.get_and_activate(cfg, feed_forward).unwrap();
+    let array2 = floats(10);
+    assert_eq!(array2.workspace(), Some(feed_forward));
+    let (array3, array4, array5) = {
+        let _borrowed = ws.get_and_activate(cfg, external).unwrap();
+        let array3 = floats(10);
+        assert_eq!(array3.workspace(), Some(external));
+        let array4 = {
+            let _out = ws.scope_out();
+            floats(10)
+        };
+        let array5 = floats(10);
+        assert_eq!(array4.workspace(), None);
+        assert_eq!(array5.workspace(), Some(external));
+        (array3, array4, array5)
+    };
+    assert_eq!(ws.current().as_deref(), Some(feed_forward));
+    assert!(array3.is_valid() && array5.is_valid());
+    assert_eq!(array3.workspace(), Some(external));
+    assert_eq!(array4.workspace(), None);
+    assert_eq!(array5.workspace(), Some(external));
+}
+
+#[test]
+fn a_borrowed_outer_workspace_and_scope_out_place_arrays_where_asked() {
+    // ND4J WorkspaceProviderTests.testNestedWorkspaces7 (fixed buffers) and
+    // testNestedWorkspaces6 (first loop, so "External" still has no buffer at the end of
+    // its first cycle).
+    nested_borrow_and_scope_out(&provider_basic(), "ND4J_NESTED7_EXT", "ND4J_NESTED7_FF");
+    let first = WorkspaceConfig::builder()
+        .overallocation_limit(0.1)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .policy_allocation(AllocationPolicy::Strict)
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    {
+        let _outer = ws.get_and_activate(&first, "ND4J_NESTED6_EXT").unwrap();
+        nested_borrow_and_scope_out(&first, "ND4J_NESTED6_EXT", "ND4J_NESTED6_FF");
+        assert_eq!(size("ND4J_NESTED6_EXT"), 0);
+    }
+    assert_eq!(size("ND4J_NESTED6_EXT"), capacity(3 * 48));
+}
+
+#[test]
+fn re_entering_the_same_workspace_does_not_rewind_it() {
+    // ND4J WorkspaceProviderTests.testNestedWorkspaces5: 100 floats, re-entry, 100 more:
+    // 800 bytes after the inner leave, 1200 after a third array.
+    let ws = workspaces();
+    let ws1 = ws
+        .get_and_activate(&provider_basic(), "ND4J_NESTED5")
+        .unwrap();
+    let _a1 = floats(100);
+    {
+        let _ws2 = ws
+            .get_and_activate(&provider_basic(), "ND4J_NESTED5")
+            .unwrap();
+        let _a2 = floats(100);
+    }
+    assert_eq!(ws1.stats().used, 800);
+    let _a3 = floats(100);
+    assert_eq!(ws1.stats().used, 1200);
+    drop(ws1);
+    assert_eq!(ws.current(), None);
+}
+
+#[test]
+fn nested_workspaces_each_take_their_own_arrays() {
+    // ND4J WorkspaceProviderTests.testNestedWorkspaces4 / 3 / 1: three levels each bump
+    // 400 bytes; after an inner one closes, the next array goes to the enclosing one;
+    // siblings start at 0; everything rewinds when closed.
+    let ws = workspaces();
+    let cfg = provider_basic();
+    {
+        let ws1 = ws.get_and_activate(&cfg, "ND4J_N4_WS1").unwrap();
+        let _a1 = floats(100);
+        {
+            let ws2 = ws.get_and_activate(&cfg, "ND4J_N4_WS2").unwrap();
+            assert_eq!(ws2.stats().used, 0);
+            let _a2 = floats(100);
+            {
+                let ws3 = ws.get_and_activate(&cfg, "ND4J_N4_WS3").unwrap();
+                let _a3 = floats(100);
+                assert_eq!(parent_of_current().as_deref(), Some("ND4J_N4_WS2"));
+                assert_eq!(ws1.stats().used, 400);
+                assert_eq!(ws2.stats().used, 400);
+                assert_eq!(ws3.stats().used, 400);
+            }
+            let _a2b = floats(100);
+            assert_eq!(ws2.stats().used, 800);
+        }
+        {
+            let ws3 = ws.get_and_activate(&cfg, "ND4J_N4_WS3").unwrap();
+            assert_eq!(ws3.stats().used, 0, "a sibling starts at 0");
+            let _a = floats(100);
+            assert_eq!((ws1.stats().used, ws3.stats().used), (400, 400));
+            assert_eq!(parent_of_current().as_deref(), Some("ND4J_N4_WS1"));
+        }
+        let _a1b = floats(100);
+        assert_eq!(ws1.stats().used, 800);
+    }
+    for id in ["ND4J_N4_WS1", "ND4J_N4_WS2", "ND4J_N4_WS3"] {
+        assert_eq!(used(id), 0);
+    }
+    assert_eq!(ws.current(), None);
+    let count = ws.statistics().len();
+    assert_eq!(ws.destroy_all_for_current_thread(), count);
+    assert!(ws.statistics().is_empty());
+}
+
+#[test]
+fn an_inner_loop_workspace_counts_each_cycle_and_learns_the_largest() {
+    // ND4J WorkspaceProviderTests.testNestedWorkspaces2: inside WS1, an OverTime WS2 runs
+    // 100 cycles of x floats; each cycle counts x x 4 bytes padded to 16 (ND4J's
+    // lastCycleAllocations), and the largest, 400 bytes, is max_cycle. ND4J initialises
+    // explicitly at the end (400 bytes); with the default delay ndmem learned from the
+    // first cycle (semantics §2.3 Decision), with 100 cycles of delay from the largest.
+    let ws = workspaces();
+    let _ws1 = ws
+        .get_and_activate(&provider_basic(), "ND4J_N2_WS1")
+        .unwrap();
+    let _a1 = floats(100);
+    assert_eq!(used("ND4J_N2_WS1"), 400);
+    for (cfg, id) in [
+        (provider_loop(0), "ND4J_N2_WS2"),
+        (provider_loop(100), "ND4J_N2_WS2_DELAYED"),
+    ] {
+        for x in 1..=100 {
+            let g = ws.get_and_activate(&cfg, id).unwrap();
+            assert_eq!(parent_of_current().as_deref(), Some("ND4J_N2_WS1"));
+            let _a2 = floats(x);
+            let s = g.stats();
+            // A bump counts its bytes (the padding goes before the next one); a spill
+            // counts its padded size.
+            let padded = s.used.next_multiple_of(16) + s.spilled_bytes;
+            assert_eq!(padded, (4 * x).next_multiple_of(16), "{x}");
+        }
+        assert_eq!(ws.workspace(id).unwrap().max_cycle, 400);
+    }
+    assert_eq!(size("ND4J_N2_WS2"), capacity(16));
+    assert_eq!(size("ND4J_N2_WS2_DELAYED"), capacity(400));
+    assert_eq!(used("ND4J_N2_WS1"), 400);
+}
+
+#[test]
+fn a_thread_s_workspaces_are_freed_when_it_exits() {
+    // ND4J WorkspaceProviderTests.testWorkspaceGc_1: ten threads each create a 1 MB
+    // workspace and exit without destroying it; ND4J relies on the garbage collector.
+    // ndmem contract (semantics §2.2 Decision): the thread's exit frees it, so the pool
+    // they drew from holds nothing afterwards.
+    use ndmem::alloc::{Limits, Pool};
+    let source = MemorySource::new(Pool::new(Limits::unlimited()));
+    for e in 0..10 {
+        std::thread::spawn(move || {
+            let cfg = WorkspaceConfig::builder()
+                .initial_size(1_000_000)
+                .source(source)
+                .build()
+                .unwrap();
+            let _g = workspaces()
+                .get_and_activate(&cfg, &format!("ND4J_GC_{e}"))
+                .unwrap();
+            let array = Tensor::zeros(DType::F32, &[2, 2]).unwrap();
+            assert_eq!(array.workspace(), Some(format!("ND4J_GC_{e}").as_str()));
+            assert!(source.pool().stats().live_bytes >= 1_300_000);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(source.pool().stats().live_bytes, 0, "thread {e}");
+    }
 }
