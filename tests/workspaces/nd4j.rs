@@ -1404,3 +1404,455 @@ fn a_thread_s_workspaces_are_freed_when_it_exits() {
         assert_eq!(source.pool().stats().live_bytes, 0, "thread {e}");
     }
 }
+
+// ---- SpecialWorkspaceTests --------------------------------------------------------------
+
+/// ND4J's variable-time-series configuration: circular, learned in the first loop,
+/// Overallocate 3.0 (4 slots).
+fn time_series(spill: SpillPolicy) -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .overallocation_limit(3.0)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_spill(spill)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .build()
+        .unwrap()
+}
+
+/// `b - a` on a ring of `ring` bytes.
+fn ring_distance(a: usize, b: usize, ring: usize) -> usize {
+    (b + ring - a) % ring
+}
+
+#[test]
+fn a_circular_external_workspace_pins_oversized_cycles_and_walks_its_slots() {
+    // ND4J SpecialWorkspaceTests.testVariableTimeSeries1: the first cycle (2 x 500 floats)
+    // learns block = 4000 x 1.3 = 5200 and 4 blocks; a cycle of 2000 floats does not fit
+    // a block and is pinned; every cycle of 2 x 500 floats then starts one block further;
+    // a cycle of 3 x 500 floats spills its third array, counted in the cycle (1500 floats),
+    // and pinned spills are gone once cycles that fit have run. ndmem contract (semantics
+    // §2.4): spills stay pinned for two cycles (ND4J: until the ring comes round), and
+    // External never grows the ring.
+    let ws = workspaces();
+    let cfg = time_series(SpillPolicy::External);
+    {
+        let _g = ws.get_and_activate(&cfg, "ND4J_VTS1").unwrap();
+        let _a = floats(500);
+        let _b = floats(500);
+    }
+    let block = 5200;
+    let s = ws.workspace("ND4J_VTS1").unwrap();
+    assert_eq!((s.max_cycle, s.total_spilled_bytes), (4000, 4000));
+    assert_eq!((s.size, s.slots), (capacity(4 * block), 4));
+    assert_eq!(s.pinned_bytes, 2 * capacity(2000));
+    {
+        let g = ws.get_and_activate(&cfg, "ND4J_VTS1").unwrap();
+        let _big = floats(2000);
+        assert_eq!((g.stats().used, g.stats().spilled_bytes), (0, 8000));
+    }
+    let s = ws.workspace("ND4J_VTS1").unwrap();
+    assert_eq!((s.used, s.spilled_bytes), (0, 0));
+    assert!(s.pinned_bytes >= capacity(8000));
+    let mut last = None;
+    for e in 0..4 {
+        for i in 0..4 {
+            let g = ws.get_and_activate(&cfg, "ND4J_VTS1").unwrap();
+            let m = g.alloc_memory(layout(2000)).unwrap();
+            let _b = floats(500);
+            assert_eq!(g.stats().spilled_bytes, 0);
+            let at = m.ptr.as_ptr() as usize;
+            if let Some(prev) = last {
+                assert_eq!(ring_distance(prev, at, 4 * block), block, "{e}/{i}");
+            }
+            last = Some(at);
+        }
+        assert_eq!(ws.workspace("ND4J_VTS1").unwrap().pinned_bytes, 0, "{e}");
+    }
+    for _ in 0..100 {
+        let g = ws.get_and_activate(&cfg, "ND4J_VTS1").unwrap();
+        let _a = floats(500);
+        let _b = floats(500);
+        let _c = floats(500);
+        let s = g.stats();
+        assert_eq!(s.used.next_multiple_of(16) + s.spilled_bytes, 6000);
+        assert_eq!(s.spilled_bytes, 2000);
+    }
+    let s = ws.workspace("ND4J_VTS1").unwrap();
+    assert_eq!(s.spilled_bytes, 0);
+    assert_ne!(s.pinned_bytes, 0);
+    assert_eq!(s.size, capacity(4 * block), "External never grows the ring");
+    for _ in 0..100 {
+        let _g = ws.get_and_activate(&cfg, "ND4J_VTS1").unwrap();
+        let _a = floats(500);
+        let _b = floats(500);
+    }
+    let s = ws.workspace("ND4J_VTS1").unwrap();
+    assert_eq!((s.spilled_bytes, s.pinned_bytes), (0, 0));
+}
+
+#[test]
+fn a_circular_reallocate_workspace_rebuilds_for_longer_series() {
+    // ND4J SpecialWorkspaceTests.testVariableTimeSeries2: as above with Reallocate: after
+    // 100 cycles of 3 x 500 floats the ring has 4 blocks of the larger cycle (ND4J: 4 x its
+    // new initial block; ndmem: slots of max_cycle, the same count) and nothing is pinned
+    // or spilled.
+    let ws = workspaces();
+    let cfg = time_series(SpillPolicy::Reallocate);
+    {
+        let _g = ws.get_and_activate(&cfg, "ND4J_VTS2").unwrap();
+        let _a = floats(500);
+        let _b = floats(500);
+    }
+    let s = ws.workspace("ND4J_VTS2").unwrap();
+    assert_eq!(
+        (s.size, s.slots, s.total_spilled_bytes),
+        (capacity(4 * 5200), 4, 4000)
+    );
+    let mut spills = Vec::new();
+    for _ in 0..100 {
+        let g = ws.get_and_activate(&cfg, "ND4J_VTS2").unwrap();
+        let _a = floats(500);
+        let _b = floats(500);
+        let _c = floats(500);
+        spills.push(g.stats().spilled_bytes);
+    }
+    assert!(spills[3..].iter().all(|&s| s == 0), "{spills:?}");
+    let s = ws.workspace("ND4J_VTS2").unwrap();
+    assert_eq!((s.max_cycle, s.slots), (6000, 4));
+    assert_eq!(s.size, capacity(4 * 6000));
+    assert_eq!((s.spilled_bytes, s.pinned_bytes), (0, 0));
+}
+
+#[test]
+fn detaching_a_view_makes_a_contiguous_pool_copy() {
+    // ND4J SpecialWorkspaceTests.testViewDetach_1: a column view of a 10x10 matrix whose
+    // rows are 1..=10 is attached; its detached copy is not a view, not attached, and
+    // holds 2.0 ten times. (ndmem has no column slicing: the matrix is a broadcast of the
+    // row, its transpose a view whose row 1 is the column; the buffer is 10 KB instead of
+    // ND4J's 10 MB.)
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(10_000)
+        .overallocation_limit(3.0)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_spill(SpillPolicy::Reallocate)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .policy_reset(ResetPolicy::BlockLeft)
+        .build()
+        .unwrap();
+    let linspace: Vec<f32> = (1..=10).map(|v| v as f32).collect();
+    let result = {
+        let _g = ws.get_and_activate(&cfg, "ND4J_WS109").unwrap();
+        let row = Tensor::from_slice(&linspace, &[1, 10]).unwrap();
+        let matrix = row.broadcast_to(&[10, 10]).unwrap();
+        let columns = matrix.transpose().unwrap();
+        assert!(columns.shares_storage(&row), "a view");
+        assert_eq!(columns.workspace(), Some("ND4J_WS109"));
+        let result = columns.detach().unwrap();
+        assert!(!result.shares_storage(&row));
+        result
+    };
+    assert_eq!(result.workspace(), None);
+    let values = result.to_vec::<f32>().unwrap();
+    assert_eq!(&values[10..20], &[2.0f32; 10]);
+    assert_eq!(values.len(), 100, "a contiguous copy of all 10 columns");
+}
+
+/// The offset after bumping `sizes` from 0 (each start rounded to 16).
+fn bumped(sizes: &[usize]) -> usize {
+    sizes
+        .iter()
+        .fold(0, |offset, size| offset.next_multiple_of(16) + size)
+}
+
+#[test]
+fn odd_sized_byte_arrays_keep_later_allocations_aligned() {
+    // ND4J SpecialWorkspaceTests.testAlignment_1: 100 cycles of 10 rounds of a 1x10 double
+    // linspace, its sum along axis 1 and a bool array of x + 1 bytes (which crashed ND4J
+    // through misalignment). Every allocation is aligned (semantics §2.1), nothing spills,
+    // and the sums read back 55.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(10 * MIB)
+        .policy_allocation(AllocationPolicy::Strict)
+        .policy_learning(LearningPolicy::None)
+        .build()
+        .unwrap();
+    let linspace: Vec<f64> = (1..=10).map(f64::from).collect();
+    for _ in 0..100 {
+        let g = ws.get_and_activate(&cfg, "ND4J_ALIGN1").unwrap();
+        let mut sizes = Vec::new();
+        for x in 0..10 {
+            let arr = Tensor::from_slice(&linspace, &[10])
+                .unwrap()
+                .reshape(&[1, 10])
+                .unwrap();
+            let total = arr.sum(Some(1)).unwrap();
+            let flags = Tensor::zeros(DType::U8, &[x + 1]).unwrap();
+            assert_eq!(total.to_vec::<f64>().unwrap(), [55.0]);
+            assert_eq!(flags.to_vec::<u8>().unwrap(), vec![0; x + 1]);
+            sizes.extend([80, 8, x + 1]);
+            assert_eq!(g.stats().used, bumped(&sizes));
+        }
+        assert_eq!(g.stats().spilled_bytes, 0);
+    }
+}
+
+#[test]
+fn borrowing_and_scoping_out_restore_the_current_workspace_in_order() {
+    // ND4J SpecialWorkspaceTests.testWorkspaceOrder_1: outer, inner, outer borrowed,
+    // scoped out; the current workspace read at each step is
+    // outer, none, outer, inner, outer, none.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(1_000_000)
+        .overallocation_limit(0.05)
+        .policy_learning(LearningPolicy::None)
+        .build()
+        .unwrap();
+    let mut res = Vec::new();
+    {
+        let _outer = ws.get_and_activate(&cfg, "outer").unwrap();
+        {
+            let _inner = ws.get_and_activate(&cfg, "inner").unwrap();
+            {
+                let _borrowed = ws.get_and_activate(&cfg, "outer").unwrap();
+                res.push(ws.current());
+                {
+                    let _out = ws.scope_out();
+                    res.push(ws.current());
+                }
+                res.push(ws.current());
+            }
+            res.push(ws.current());
+        }
+        res.push(ws.current());
+    }
+    res.push(ws.current());
+    let exp = [
+        Some("outer"),
+        None,
+        Some("outer"),
+        Some("inner"),
+        Some("outer"),
+        None,
+    ];
+    assert_eq!(res, exp.map(|id| id.map(String::from)));
+    // Semantics §2.5: guards may be dropped in any order; the remaining one stays current.
+    let outer = ws.get_and_activate(&cfg, "outer").unwrap();
+    let inner = ws.get_and_activate(&cfg, "inner").unwrap();
+    drop(outer);
+    assert_eq!(ws.current().as_deref(), Some("inner"));
+    assert!(!ws.workspace("outer").unwrap().open);
+    drop(inner);
+    assert_eq!(ws.current(), None);
+}
+
+#[test]
+fn migrate_copies_into_the_current_workspace_keeping_the_type() {
+    // ND4J SpecialWorkspaceTests.testMigrateToWorkspace: a long array migrated into the
+    // entered workspace keeps its data type and values.
+    let src = Tensor::from_slice(&[1i64, 2], &[2]).unwrap();
+    let ws = workspaces();
+    let migrated = {
+        let _g = ws
+            .get_and_activate(&WorkspaceConfig::default(), "ND4J_MIGRATE")
+            .unwrap();
+        let migrated = src.migrate().unwrap();
+        assert_eq!(migrated.dtype(), src.dtype());
+        assert_eq!(migrated.to_vec::<i64>().unwrap(), [1, 2]);
+        assert_eq!(migrated.workspace(), Some("ND4J_MIGRATE"));
+        migrated
+    };
+    assert!(!migrated.is_valid());
+    // With no workspace current, migrate detaches (semantics §3).
+    let detached = src.migrate().unwrap();
+    assert_eq!((detached.workspace(), detached.dtype()), (None, DType::I64));
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("ndmem-nd4j-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn mapped_at(path: &std::path::Path, initial_size: usize) -> WorkspaceConfig {
+    WorkspaceConfig::builder()
+        .initial_size(initial_size)
+        .policy_location(ndmem::LocationPolicy::Mmap {
+            path: Some(path.to_path_buf()),
+        })
+        .policy_learning(LearningPolicy::None)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_mapped_workspace_spills_what_its_file_cannot_hold() {
+    // ND4J SpecialWorkspaceTests.testMmapedWorkspaceLimits_1: an array larger than the
+    // mapped file (ND4J: 200 MB + 1000 floats; here 1 MiB, x 1.3 overallocated, and
+    // 2 MiB of floats) spills to the pool instead of failing.
+    let path = scratch("limits");
+    let ws = workspaces();
+    {
+        let g = ws
+            .get_and_activate(&mapped_at(&path, MIB), "ND4J_MMAP_LIMITS")
+            .unwrap();
+        let x = Tensor::rand(DType::F32, &[MIB / 2 + 1000], 1).unwrap();
+        assert_eq!(x.workspace(), Some("ND4J_MMAP_LIMITS"));
+        assert_eq!(g.stats().spilled_bytes, 2 * MIB + 4000);
+        assert!(x.mean(None).unwrap().scalar().unwrap() > 0.0);
+        let small = Tensor::rand(DType::F32, &[1024], 2).unwrap();
+        // The mean's scalar and the small array fit in the mapped buffer.
+        assert_eq!(g.stats().used, bumped(&[4, 4096]), "what fits is mapped");
+        drop(small);
+    }
+    ws.destroy("ND4J_MMAP_LIMITS").unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_mapped_file_with_a_long_name_works_and_can_be_deleted_after_destroy() {
+    // ND4J SpecialWorkspaceTests.testMmapedWorkspace_Path_Limits_1 (a 115-character file
+    // name) and testDeleteMappedFile_1 (destroy, then delete the file).
+    let path = scratch(&format!("long_file_name_{}", "9".repeat(100)));
+    let ws = workspaces();
+    for _ in 0..2 {
+        {
+            let _g = ws
+                .get_and_activate(&mapped_at(&path, 64 * 1024), "ND4J_MMAP_PATH")
+                .unwrap();
+            let x = Tensor::full(DType::F32, &[1024], 0.5).unwrap();
+            assert_eq!(x.workspace(), Some("ND4J_MMAP_PATH"));
+            assert_eq!(sum(&x), 512.0);
+        }
+        assert_eq!(ws.destroy_all_for_current_thread(), 1);
+        assert!(path.exists(), "a user file is kept");
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+// ---- CyclicWorkspaceTests ---------------------------------------------------------------
+
+#[test]
+fn a_prefetch_sized_ring_keeps_every_batch_it_still_holds() {
+    // ND4J CyclicWorkspaceTests.testBasicMechanics_1: a ring for 24 prefetched batches
+    // (limit 25, min 10 MiB, Reallocate) runs 100 cycles of a 128x784 and a 128x10 float
+    // array assigned the cycle number. Here the ring has 26 slots, learned from the first
+    // cycle; later cycles take nothing from the pool, and the last 20 batches, still held,
+    // keep their values (semantics §2.4: valid while referenced).
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .min_size(10 * MIB)
+        .overallocation_limit(25.0)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .policy_learning(LearningPolicy::FirstLoop)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_spill(SpillPolicy::Reallocate)
+        .build()
+        .unwrap();
+    let id = format!("randomNameHere{}", 119);
+    let mut held = std::collections::VecDeque::new();
+    for e in 0..100u8 {
+        let g = ws.get_and_activate(&cfg, &id).unwrap();
+        let f = Tensor::full(DType::F32, &[128, 784], f64::from(e)).unwrap();
+        let l = Tensor::full(DType::F32, &[128, 10], f64::from(e)).unwrap();
+        if e > 0 {
+            assert_eq!(g.stats().spilled_bytes, 0, "cycle {e}");
+        }
+        held.push_back((e, f, l));
+        if held.len() > 20 {
+            held.pop_front();
+        }
+    }
+    let s = ws.workspace(&id).unwrap();
+    assert_eq!(s.slots, 26);
+    assert_eq!(s.max_cycle, 128 * 784 * 4 + 128 * 10 * 4);
+    for (e, f, l) in &held {
+        assert!(f.is_valid() && l.is_valid());
+        assert_eq!(sum(f), 128.0 * 784.0 * f64::from(*e));
+        assert_eq!(sum(l), 1280.0 * f64::from(*e));
+    }
+}
+
+// ---- DebugModeTests ---------------------------------------------------------------------
+
+/// Set in the child: which ND4J debug-mode scenario to run.
+const DEBUG_CHILD: &str = "NDMEM_TEST_ND4J_DEBUG_MODE_CHILD";
+
+fn debug_mode_child(scenario: &str) {
+    use ndmem::workspace::DebugMode;
+    let ws = workspaces();
+    let with_initial = |initial_size| {
+        WorkspaceConfig::builder()
+            .initial_size(initial_size)
+            .max_size(10 * MIB)
+            .overallocation_limit(0.1)
+            .policy_allocation(AllocationPolicy::Strict)
+            .policy_learning(LearningPolicy::FirstLoop)
+            .policy_spill(SpillPolicy::External)
+            .build()
+            .unwrap()
+    };
+    match scenario {
+        "spill_everything" => {
+            // testDebugMode_1: the mode set is the mode read.
+            assert_eq!(DebugMode::from_env().unwrap(), DebugMode::SpillEverything);
+            // testSpillMode_1: ND4J still allocates the 10 MiB buffer and leaves it
+            // unused; ndmem contract (semantics §2.5): no buffer at all. The array is
+            // attached, nothing is bumped, its 800 bytes are spilled.
+            {
+                let g = ws
+                    .get_and_activate(&with_initial(10 * MIB), "R_119_1993")
+                    .unwrap();
+                assert_eq!((g.stats().size, g.stats().used), (0, 0));
+                let array = Tensor::full(DType::F64, &[10, 10], 1.0).unwrap();
+                assert_eq!(array.workspace(), Some("R_119_1993"));
+                assert!(array.is_valid());
+                assert_eq!((g.stats().used, g.stats().spilled_bytes), (0, 800));
+            }
+            // testSpillMode_2: learning from the first loop learns nothing either; the
+            // next cycle starts with no buffer and no spills.
+            {
+                let g = ws.get_and_activate(&with_initial(0), "R_119_1992").unwrap();
+                let _array = Tensor::full(DType::F64, &[10, 10], 1.0).unwrap();
+                assert_eq!((g.stats().size, g.stats().used), (0, 0));
+                assert_eq!(g.stats().spilled_bytes, 800);
+            }
+            let g = ws.get_and_activate(&with_initial(0), "R_119_1992").unwrap();
+            let s = g.stats();
+            assert_eq!((s.size, s.used, s.spilled_bytes), (0, 0, 0));
+        }
+        "bypass" => {
+            // testBypassMode_1: with workspaces bypassed, arrays are not attached.
+            assert_eq!(DebugMode::from_env().unwrap(), DebugMode::Bypass);
+            let g = ws.get_and_activate(&with_initial(0), "R_119_1994").unwrap();
+            let array = Tensor::full(DType::F64, &[10, 10], 1.0).unwrap();
+            assert_eq!(array.workspace(), None);
+            assert_eq!(sum(&array), 100.0);
+            assert_eq!(g.stats().spilled_bytes, 0);
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+#[test]
+fn debug_modes_spill_everything_or_bypass_the_workspace() {
+    // ND4J DebugModeTests (testDebugMode_1, testSpillMode_1, testSpillMode_2,
+    // testBypassMode_1). NDMEM_WORKSPACES is read once per process, so each mode runs in a
+    // child process of its own.
+    use crate::common::{child::Rerun, test_name};
+    if let Ok(scenario) = std::env::var(DEBUG_CHILD) {
+        debug_mode_child(&scenario);
+        return;
+    }
+    for mode in ["spill_everything", "bypass"] {
+        Rerun::test(test_name!(
+            debug_modes_spill_everything_or_bypass_the_workspace
+        ))
+        .env(DEBUG_CHILD, mode)
+        .env(ndmem::workspace::ENV_WORKSPACES, mode)
+        .passes();
+    }
+}
