@@ -1856,3 +1856,218 @@ fn debug_modes_spill_everything_or_bypass_the_workspace() {
         .passes();
     }
 }
+
+// ---- BasicWorkspaceTests (later versions) -----------------------------------------------
+
+#[test]
+fn leverage_to_and_detach_keep_the_element_type() {
+    // ND4J BasicWorkspaceTests.testDtypeLeverage: for every array type, the copy leveraged
+    // to the outer workspace is attached and keeps its type, and so does its detached copy.
+    // (ND4J's HALF has no ndmem type; the integer types stand in.)
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(10 * MIB)
+        .policy_allocation(AllocationPolicy::Overallocate)
+        .policy_learning(LearningPolicy::None)
+        .build()
+        .unwrap();
+    for dtype in [DType::F64, DType::F32, DType::I64, DType::I32, DType::U8] {
+        let _outer = ws.get_and_activate(&cfg, "ws").unwrap();
+        let arr = Tensor::full(dtype, &[3, 4], 7.0).unwrap();
+        let _inner = ws.get_and_activate(&cfg, "wsInner").unwrap();
+        let leveraged = arr.leverage_to("ws").unwrap();
+        assert_eq!(leveraged.workspace(), Some("ws"));
+        assert_eq!(leveraged.dtype(), dtype);
+        let detached = leveraged.detach().unwrap();
+        assert_eq!(detached.workspace(), None);
+        assert_eq!(detached.dtype(), dtype);
+        assert_eq!(sum(&detached.mul_scalar(1.0).unwrap()), 84.0);
+    }
+    assert_eq!(ws.destroy_all_for_current_thread(), 2);
+}
+
+#[test]
+fn a_strict_fail_circular_workspace_with_a_fixed_buffer_serves_reads() {
+    // ND4J BasicWorkspaceTests.testCircularWorkspaceAsymmetry_1 (a device test in ND4J; its
+    // host part): a circular, Strict, Fail workspace of 10 MiB serves a 10x10 float array
+    // that reads back, and is destroyed with the thread's workspaces.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(10 * MIB)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .policy_allocation(AllocationPolicy::Strict)
+        .policy_spill(SpillPolicy::Fail)
+        .policy_learning(LearningPolicy::None)
+        .build()
+        .unwrap();
+    let array = {
+        let g = ws.get_and_activate(&cfg, "circular_ws").unwrap();
+        let array = Tensor::full(DType::F32, &[10, 10], 3.0).unwrap();
+        assert_eq!(array.view::<f32>().unwrap()[[0, 3]], 3.0);
+        assert_eq!((g.stats().used, g.stats().slots), (400, 1));
+        array
+    };
+    assert_eq!(
+        array.to_vec::<f32>().unwrap()[3],
+        3.0,
+        "circular memory outlives its cycle"
+    );
+    assert_eq!(ws.destroy_all_for_current_thread(), 1);
+    assert!(matches!(
+        array.to_vec::<f32>(),
+        Err(Error::LeakedWorkspacePointer { .. })
+    ));
+}
+
+#[test]
+fn leverage_without_a_parent_detaches_and_leverage_to_needs_an_open_workspace() {
+    // ND4J BasicWorkspaceTests.testLeverage1 / testLeverageTo* edge cases: with no parent
+    // workspace leverage() detaches; leverage_to a workspace that does not exist, or is not
+    // open, is an error here (semantics §3; ND4J's leverageTo warned and returned the
+    // array unchanged).
+    let ws = workspaces();
+    let _g = ws.get_and_activate(&basic(), "ND4J_LEV_ALONE").unwrap();
+    let array = doubles(&FIVE);
+    let copy = array.leverage().unwrap();
+    assert_eq!(copy.workspace(), None);
+    assert_eq!(used("ND4J_LEV_ALONE"), 40);
+    assert_eq!(copy.to_vec::<f64>().unwrap(), FIVE);
+    assert!(matches!(
+        array.leverage_to("ND4J_LEV_NOWHERE"),
+        Err(Error::NoSuchWorkspace { .. })
+    ));
+    drop(ws.get_and_activate(&basic(), "ND4J_LEV_CLOSED").unwrap());
+    assert!(matches!(
+        array.leverage_to("ND4J_LEV_CLOSED"),
+        Err(Error::WorkspaceNotOpen { .. })
+    ));
+}
+
+// ---- EndlessWorkspaceTests, bounded -----------------------------------------------------
+
+fn private_source() -> MemorySource {
+    use ndmem::alloc::{Limits, Pool};
+    MemorySource::new(Pool::new(Limits::unlimited()))
+}
+
+#[test]
+fn a_steady_loop_takes_nothing_from_the_pool_once_sized() {
+    // ND4J EndlessWorkspaceTests.endlessTest1 / endlessTest6 (endless there, 1000 cycles
+    // here): once the buffer exists, cycles allocate nothing from the pool and hold their
+    // values.
+    let source = private_source();
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(16 * MIB)
+        .source(source)
+        .build()
+        .unwrap();
+    // The buffer is allocated when the workspace is created.
+    drop(ws.get_and_activate(&cfg, "ND4J_ENDLESS1").unwrap());
+    let before = source.pool().stats();
+    for i in 0..1000 {
+        let g = ws.get_and_activate(&cfg, "ND4J_ENDLESS1").unwrap();
+        let array = Tensor::zeros(DType::F32, &[if i % 100 == 0 { 1 << 20 } else { 5 }])
+            .unwrap()
+            .add_scalar(1.0)
+            .unwrap();
+        assert_eq!(array.mean(None).unwrap().scalar().unwrap(), 1.0);
+        assert_eq!(g.stats().spilled_bytes, 0);
+    }
+    let after = source.pool().stats();
+    assert_eq!(after.allocations, before.allocations);
+    assert_eq!(after.live_bytes, before.live_bytes);
+}
+
+#[test]
+fn spills_of_every_cycle_are_given_back_at_its_end() {
+    // ND4J EndlessWorkspaceTests.endlessTest2: a 10 MiB workspace whose cycles fit one
+    // 8 MiB array and spill a 12 MiB one: the pool holds only the buffer between cycles.
+    let source = private_source();
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(10 * MIB)
+        .source(source)
+        .build()
+        .unwrap();
+    let buffer = ws
+        .get_and_activate(&cfg, "ND4J_ENDLESS2")
+        .unwrap()
+        .stats()
+        .size;
+    for _ in 0..20 {
+        let g = ws.get_and_activate(&cfg, "ND4J_ENDLESS2").unwrap();
+        let array = Tensor::full(DType::F32, &[2 * MIB], 1.0).unwrap();
+        assert_eq!(array.mean(None).unwrap().scalar().unwrap(), 1.0);
+        let _array2 = Tensor::zeros(DType::F32, &[3 * MIB]).unwrap();
+        assert_eq!(g.stats().spilled_bytes, 12 * MIB);
+        drop(g);
+        assert_eq!(source.pool().stats().live_bytes, buffer);
+    }
+}
+
+#[test]
+fn nested_workspaces_share_arrays_within_their_cycles() {
+    // ND4J EndlessWorkspaceTests.endlessTest3: WS_1 holds ones, WS_2 holds ones; their sum
+    // (made in WS_2) has mean 2, cycle after cycle.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(10 * MIB)
+        .build()
+        .unwrap();
+    for _ in 0..20 {
+        let _ws1 = ws.get_and_activate(&cfg, "ND4J_E3_WS1").unwrap();
+        let array1 = Tensor::full(DType::F32, &[MIB / 2], 1.0).unwrap();
+        let _ws2 = ws.get_and_activate(&cfg, "ND4J_E3_WS2").unwrap();
+        let array2 = Tensor::full(DType::F32, &[MIB / 2], 1.0).unwrap();
+        let total = array1.add(&array2).unwrap();
+        assert_eq!(total.workspace(), Some("ND4J_E3_WS2"));
+        assert_eq!(total.mean(None).unwrap().scalar().unwrap(), 2.0);
+    }
+}
+
+#[test]
+fn many_small_reductions_in_one_cycle_stay_in_the_buffer() {
+    // ND4J EndlessWorkspaceTests.endlessTest4: 1000 arrays of varying shapes and their
+    // reductions along an axis in one cycle, then 1000 vectors and their total.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(100 * MIB)
+        .build()
+        .unwrap();
+    let _g = ws.get_and_activate(&cfg, "ND4J_E4").unwrap();
+    for i in 0..1000usize {
+        let (rows, cols) = (1 + i % 49, 1 + (i * 7) % 49);
+        let array = Tensor::rand(DType::F32, &[rows, cols], i as u64).unwrap();
+        let reduced = array.sum(Some(1)).unwrap();
+        assert_eq!(reduced.shape(), &[rows]);
+    }
+    for i in 0..1000usize {
+        let array = Tensor::full(DType::F64, &[1 + i % 99], 1.0).unwrap();
+        assert_eq!(sum(&array), (1 + i % 99) as f64);
+    }
+    assert_eq!(ws.workspace("ND4J_E4").unwrap().spilled_bytes, 0);
+}
+
+#[test]
+fn short_lived_threads_leave_no_workspace_memory_behind() {
+    // ND4J EndlessWorkspaceTests.endlessTest5: a thread per workspace, joined, over and
+    // over; with ndmem nothing waits for a garbage collector (semantics §2.2 Decision).
+    let source = private_source();
+    for _ in 0..50 {
+        std::thread::spawn(move || {
+            let cfg = WorkspaceConfig::builder()
+                .initial_size(10 * MIB)
+                .policy_learning(LearningPolicy::None)
+                .source(source)
+                .build()
+                .unwrap();
+            let _g = workspaces().get_and_activate(&cfg, "PEW-PEW").unwrap();
+            let array = Tensor::zeros(DType::F32, &[10]).unwrap();
+            assert_eq!(array.workspace(), Some("PEW-PEW"));
+        })
+        .join()
+        .unwrap();
+        assert_eq!(source.pool().stats().live_bytes, 0);
+    }
+}
