@@ -1967,7 +1967,7 @@ fn a_steady_loop_takes_nothing_from_the_pool_once_sized() {
     let before = source.pool().stats();
     for i in 0..1000 {
         let g = ws.get_and_activate(&cfg, "ND4J_ENDLESS1").unwrap();
-        let array = Tensor::zeros(DType::F32, &[if i % 100 == 0 { 1 << 20 } else { 5 }])
+        let array = Tensor::zeros(DType::F32, &[if i % 100 == 0 { 1 << 16 } else { 5 }])
             .unwrap()
             .add_scalar(1.0)
             .unwrap();
@@ -1995,7 +1995,7 @@ fn spills_of_every_cycle_are_given_back_at_its_end() {
         .unwrap()
         .stats()
         .size;
-    for _ in 0..20 {
+    for _ in 0..5 {
         let g = ws.get_and_activate(&cfg, "ND4J_ENDLESS2").unwrap();
         let array = Tensor::full(DType::F32, &[2 * MIB], 1.0).unwrap();
         assert_eq!(array.mean(None).unwrap().scalar().unwrap(), 1.0);
@@ -2015,11 +2015,11 @@ fn nested_workspaces_share_arrays_within_their_cycles() {
         .initial_size(10 * MIB)
         .build()
         .unwrap();
-    for _ in 0..20 {
+    for _ in 0..5 {
         let _ws1 = ws.get_and_activate(&cfg, "ND4J_E3_WS1").unwrap();
-        let array1 = Tensor::full(DType::F32, &[MIB / 2], 1.0).unwrap();
+        let array1 = Tensor::full(DType::F32, &[MIB / 8], 1.0).unwrap();
         let _ws2 = ws.get_and_activate(&cfg, "ND4J_E3_WS2").unwrap();
-        let array2 = Tensor::full(DType::F32, &[MIB / 2], 1.0).unwrap();
+        let array2 = Tensor::full(DType::F32, &[MIB / 8], 1.0).unwrap();
         let total = array1.add(&array2).unwrap();
         assert_eq!(total.workspace(), Some("ND4J_E3_WS2"));
         assert_eq!(total.mean(None).unwrap().scalar().unwrap(), 2.0);
