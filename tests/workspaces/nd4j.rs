@@ -2071,3 +2071,25 @@ fn short_lived_threads_leave_no_workspace_memory_behind() {
         assert_eq!(source.pool().stats().live_bytes, 0);
     }
 }
+
+#[test]
+fn leverage_after_the_parent_was_left_out_of_order_detaches() {
+    // ND4J BasicWorkspaceTests.testLeverage1 with the guards of
+    // SpecialWorkspaceTests.testWorkspaceOrder_1 dropped out of order (semantics §2.5: in
+    // any order). Once EXT's cycle has ended, INT has no parent any more: leverage()
+    // detaches (semantics §3: "or detached if there is none") instead of failing on a
+    // workspace that is no longer open.
+    let ws = workspaces();
+    let ext = ws.get_and_activate(&basic(), "ND4J_ORDER_EXT").unwrap();
+    let int = ws.get_and_activate(&basic(), "ND4J_ORDER_INT").unwrap();
+    assert_eq!(parent_of_current().as_deref(), Some("ND4J_ORDER_EXT"));
+    drop(ext);
+    assert_eq!(ws.current().as_deref(), Some("ND4J_ORDER_INT"));
+    assert_eq!(parent_of_current(), None);
+    let array = doubles(&FIVE);
+    let copy = array.leverage().unwrap();
+    assert_eq!(copy.workspace(), None);
+    assert_eq!(copy.to_vec::<f64>().unwrap(), FIVE);
+    drop(int);
+    assert_eq!(sum(&copy), 15.0);
+}
