@@ -174,9 +174,16 @@ impl Arena {
         self.cycles.generation.get()
     }
 
-    /// The workspace that was current when this cycle started, if it still exists.
+    /// The workspace that was current when this cycle started, while it is still open.
+    /// Guards may be dropped in any order (semantics §2.5): a parent whose cycle has ended,
+    /// or that was destroyed, is no parent any more, so `leverage` detaches (semantics §3)
+    /// instead of allocating in a closed workspace.
     pub(crate) fn parent(&self) -> Option<Rc<Arena>> {
-        self.cycles.parent.borrow().upgrade()
+        self.cycles
+            .parent
+            .borrow()
+            .upgrade()
+            .filter(|parent| parent.is_open())
     }
 
     // ---- the buffer -------------------------------------------------------------------

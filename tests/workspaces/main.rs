@@ -18,6 +18,7 @@ mod files;
 mod learning;
 mod lifecycle;
 mod location;
+mod nd4j;
 mod pool_counters;
 mod source;
 mod stamps;
