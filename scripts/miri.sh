@@ -39,8 +39,11 @@ cargo +nightly miri test -p ndmem-alloc --lib -- \
 cargo +nightly miri test -p ndmem --lib
 # debug_modes and pool_counters run the test binary again as a child process (one per
 # environment), which miri's isolation refuses; their code paths are those of the rest.
+# nd4j holds the scenarios ported from ND4J's suites (behaviour, mapped files and a child
+# process among them): the plain and valgrind runs cover it.
 MIRIFLAGS="$MIRIFLAGS -Zmiri-ignore-leaks" cargo +nightly miri test -p ndmem --test workspaces -- \
-    --skip mmap --skip files:: --skip hashbrown --skip debug_modes:: --skip pool_counters::
+    --skip mmap --skip files:: --skip hashbrown --skip debug_modes:: --skip pool_counters:: \
+    --skip nd4j::
 # Tensor storage, views and scopes: the single-threaded cases (the racing ones take minutes
 # each under Miri; transcendental ops differ by Miri's deliberate float imprecision).
 MIRIFLAGS="$MIRIFLAGS -Zmiri-ignore-leaks" cargo +nightly miri test -p ndmem --test tensors -- \
