@@ -56,7 +56,9 @@ impl fmt::Display for WorkspaceStats {
             self.cycles,
             self.generation,
             if self.open { ", open" } else { "" },
-            if self.circular {
+            if self.circular && self.slots == 0 {
+                ", circular (slots not learned yet)".to_string()
+            } else if self.circular {
                 format!(", circular ({} slots)", self.slots)
             } else {
                 String::new()

@@ -307,3 +307,20 @@ fn circular_reallocate_stops_spilling_once_the_ring_is_rebuilt() {
         "slots of max_cycle bytes"
     );
 }
+
+#[test]
+fn statistics_say_when_a_ring_has_not_learned_its_slots_yet() {
+    let ws = workspaces();
+    let cfg = ring(3.5);
+    {
+        let g = ws.get_and_activate(&cfg, "RING_SHOWN").unwrap();
+        fill(&g, 1, 100);
+        let before = g.stats().to_string();
+        assert!(
+            before.contains("circular (slots not learned yet)"),
+            "{before}"
+        );
+    }
+    let after = ws.workspace("RING_SHOWN").unwrap().to_string();
+    assert!(after.contains("circular (3 slots)"), "{after}");
+}
