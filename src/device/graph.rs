@@ -21,7 +21,7 @@ use super::backend::Backend;
 use super::pool::DeviceBuffer;
 use super::slot::RawRange;
 use super::stats::bump;
-use super::{misuse, Device, DeviceMemory, Inner};
+use super::{misuse, Device, Inner};
 use crate::error::{Error, Result};
 
 /// Alignment of the regions carved from a [`GraphMemory`] (as `cudaMalloc` aligns).
@@ -171,27 +171,8 @@ pub struct RegionMut<'a> {
     _memory: std::marker::PhantomData<&'a mut GraphMemory>,
 }
 
-macro_rules! region_memory {
-    ($t:ty) => {
-        impl super::Sealed for $t {}
-        impl DeviceMemory for $t {
-            fn ordinal(&self) -> u32 {
-                self.range.ordinal()
-            }
-            fn device_ptr(&self) -> u64 {
-                self.range.device_ptr()
-            }
-            fn len(&self) -> usize {
-                self.range.len()
-            }
-            fn device_id(&self) -> usize {
-                self.range.device_id()
-            }
-        }
-    };
-}
-region_memory!(RegionRef<'_>);
-region_memory!(RegionMut<'_>);
+super::device_memory_by!(RegionRef<'_>, range);
+super::device_memory_by!(RegionMut<'_>, range);
 impl super::DeviceMemoryMut for RegionMut<'_> {}
 
 static NEXT_MEMORY: AtomicU64 = AtomicU64::new(1);

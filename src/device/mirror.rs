@@ -23,7 +23,8 @@ use ndmem_alloc::{Block, Usage};
 
 use super::pinned::PinnedBuffer;
 use super::pool::DeviceBuffer;
-use super::{Device, DeviceMemory, DeviceMemoryMut, Sealed};
+use super::slot::RawRange;
+use super::{Device, DeviceMemory, DeviceMemoryMut};
 use crate::error::Result;
 use crate::workspace::MirroringPolicy;
 
@@ -274,19 +275,14 @@ impl Mirror {
         }
     }
 
-    fn range(&self) -> Range {
+    fn range(&self) -> RawRange {
         let (ptr, id) = match (&self.device_side, &self.host) {
             (Some(buffer), _) => (buffer.device_ptr(), buffer.device_id()),
             (None, Some(HostCopy::Pinned(p))) => (p.device_ptr(), p.device_id()),
             // A HostOnly mirror always has its pinned copy.
             (None, _) => (0, Arc::as_ptr(&self.device.inner) as usize),
         };
-        Range {
-            ordinal: self.device.ordinal(),
-            ptr,
-            len: self.len,
-            device_id: id,
-        }
+        RawRange::new(self.device.ordinal(), id, ptr, self.len)
     }
 
     /// A copy of this buffer on `other` (with the same policy): the newest bytes, copied
@@ -352,7 +348,7 @@ impl Mirror {
         if write {
             self.wrote_device();
         }
-        Ok(self.range().ptr)
+        Ok(self.range().device_ptr())
     }
 }
 
@@ -382,50 +378,20 @@ impl Drop for Mirror {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Range {
-    ordinal: u32,
-    ptr: u64,
-    len: usize,
-    device_id: usize,
-}
-
 /// A mirror's device side, current, borrowed for reading.
 #[derive(Debug)]
 pub struct MirrorDevice<'a> {
-    range: Range,
+    range: RawRange,
     _mirror: PhantomData<&'a Mirror>,
 }
 
 /// A mirror's device side, borrowed for writing (the host side is stale).
 #[derive(Debug)]
 pub struct MirrorDeviceMut<'a> {
-    range: Range,
+    range: RawRange,
     _mirror: PhantomData<&'a mut Mirror>,
 }
 
-impl Sealed for MirrorDevice<'_> {}
-impl Sealed for MirrorDeviceMut<'_> {}
 impl DeviceMemoryMut for MirrorDeviceMut<'_> {}
-
-macro_rules! device_memory {
-    ($t:ty) => {
-        impl DeviceMemory for $t {
-            fn ordinal(&self) -> u32 {
-                self.range.ordinal
-            }
-            fn device_ptr(&self) -> u64 {
-                self.range.ptr
-            }
-            fn len(&self) -> usize {
-                self.range.len
-            }
-            fn device_id(&self) -> usize {
-                self.range.device_id
-            }
-        }
-    };
-}
-
-device_memory!(MirrorDevice<'_>);
-device_memory!(MirrorDeviceMut<'_>);
+super::device_memory_by!(MirrorDevice<'_>, range);
+super::device_memory_by!(MirrorDeviceMut<'_>, range);

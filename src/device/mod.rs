@@ -96,6 +96,28 @@ pub trait DeviceMemoryMut: DeviceMemory {}
 #[doc(hidden)]
 pub trait Sealed {}
 
+/// Implements [`DeviceMemory`] (and `Sealed`) for a type by its `RawRange` field `$field`.
+macro_rules! device_memory_by {
+    ($t:ty, $field:ident) => {
+        impl $crate::device::Sealed for $t {}
+        impl $crate::device::DeviceMemory for $t {
+            fn ordinal(&self) -> u32 {
+                $crate::device::DeviceMemory::ordinal(&self.$field)
+            }
+            fn device_ptr(&self) -> u64 {
+                $crate::device::DeviceMemory::device_ptr(&self.$field)
+            }
+            fn len(&self) -> usize {
+                $crate::device::DeviceMemory::len(&self.$field)
+            }
+            fn device_id(&self) -> usize {
+                $crate::device::DeviceMemory::device_id(&self.$field)
+            }
+        }
+    };
+}
+pub(crate) use device_memory_by;
+
 /// The shared state of one device.
 pub(crate) struct Inner {
     pub(crate) ordinal: u32,

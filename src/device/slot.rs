@@ -96,6 +96,16 @@ pub(crate) struct RawRange {
 }
 
 impl RawRange {
+    /// `len` bytes at `ptr` of the device with this ordinal and identity.
+    pub(crate) fn new(ordinal: u32, device_id: usize, ptr: u64, len: usize) -> RawRange {
+        RawRange {
+            ordinal,
+            device_id,
+            ptr,
+            len,
+        }
+    }
+
     /// All of `memory`.
     pub(crate) fn of<M: DeviceMemory + ?Sized>(memory: &M) -> RawRange {
         RawRange {

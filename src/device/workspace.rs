@@ -19,7 +19,8 @@ use ndmem_alloc::{AllocError, Usage};
 
 use super::pinned::PinnedBuffer;
 use super::pool::DeviceBuffer;
-use super::{Device, DeviceMemory, DeviceMemoryMut, Sealed};
+use super::slot::RawRange;
+use super::{Device, DeviceMemory, DeviceMemoryMut};
 use crate::error::{Error, Result};
 use crate::workspace::sizing::{padding, spilled_bytes, Sizing};
 use crate::workspace::{LearningPolicy, MirroringPolicy, SpillPolicy, WorkspaceConfig};
@@ -281,10 +282,12 @@ impl DeviceCycle<'_> {
             None => ws.spill_allocate(bytes, align)?,
         };
         Ok(WorkspaceSlice {
-            ordinal: ws.device.ordinal(),
-            device_id: Arc::as_ptr(&ws.device.inner) as usize,
-            ptr,
-            len: bytes,
+            range: RawRange::new(
+                ws.device.ordinal(),
+                Arc::as_ptr(&ws.device.inner) as usize,
+                ptr,
+                bytes,
+            ),
             _cycle: PhantomData,
         })
     }
@@ -312,27 +315,9 @@ impl fmt::Debug for DeviceCycle<'_> {
 /// Device memory of a workspace cycle; it borrows the cycle, so it cannot outlive it.
 #[derive(Debug)]
 pub struct WorkspaceSlice<'c> {
-    ordinal: u32,
-    device_id: usize,
-    ptr: u64,
-    len: usize,
+    range: RawRange,
     _cycle: PhantomData<&'c ()>,
 }
 
-impl Sealed for WorkspaceSlice<'_> {}
 impl DeviceMemoryMut for WorkspaceSlice<'_> {}
-
-impl DeviceMemory for WorkspaceSlice<'_> {
-    fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-    fn device_ptr(&self) -> u64 {
-        self.ptr
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn device_id(&self) -> usize {
-        self.device_id
-    }
-}
+super::device_memory_by!(WorkspaceSlice<'_>, range);
