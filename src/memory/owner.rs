@@ -135,6 +135,19 @@ impl Owned {
         op: &str,
         pin: &'a Pin,
     ) -> Result<&'a mut [u8]> {
+        let this = Owned::exclusive(handle, op)?;
+        // SAFETY: no other tensor handle exists (counted by `exclusive`, which keeps `handle` borrowed), and `&mut` to the only
+        // tensor-side `Arc` for `'a` excludes every other reader or writer, including
+        // views, which borrow a handle. Owners' references never touch the bytes.
+        let bytes = unsafe { this.home().write_unshared(pin) };
+        bytes.ok_or_else(|| this.refusal(op, "X"))
+    }
+
+    /// The memory behind `handle`, checked live, if `handle` is its only tensor handle;
+    /// otherwise [`Error::SharedTensor`]. Owners' references are counted exactly
+    /// (`owner_refs`, read under the ownership lock, which every change to it holds) and
+    /// never read or write data, so they do not count as handles.
+    fn exclusive<'a>(handle: &'a mut Handle, op: &str) -> Result<&'a Owned> {
         let this: &'a mut Arc<Owned> = &mut handle.owned;
         this.check(op, "X")?;
         if Arc::strong_count(this) != 1 {
@@ -154,12 +167,7 @@ impl Owned {
         // fence orders their reads (released by the drop) before our writes, as
         // `Arc::get_mut` does after reading the counts.
         fence(Ordering::Acquire);
-        let this: &'a Owned = this;
-        // SAFETY: no other tensor handle exists (counted above), and `&mut` to the only
-        // tensor-side `Arc` for `'a` excludes every other reader or writer, including
-        // views, which borrow a handle. Owners' references never touch the bytes.
-        let bytes = unsafe { this.home().write_unshared(pin) };
-        bytes.ok_or_else(|| this.refusal(op, "X"))
+        Ok(this)
     }
 
     /// The device memory, for device operations (semantics §5).
@@ -173,20 +181,7 @@ impl Owned {
         handle: &'a mut Handle,
         op: &str,
     ) -> Result<&'a crate::device::slot::DeviceSlot> {
-        let this: &'a mut Arc<Owned> = &mut handle.owned;
-        this.check(op, "X")?;
-        if Arc::strong_count(this) != 1 {
-            let _transfer = ownership_lock();
-            let handles = Arc::strong_count(this) - this.owner_refs.load(Ordering::Acquire);
-            if handles != 1 {
-                return Err(Error::SharedTensor {
-                    op: op.into(),
-                    others: handles.saturating_sub(1),
-                });
-            }
-        }
-        fence(Ordering::Acquire);
-        let this: &'a Owned = this;
+        let this = Owned::exclusive(handle, op)?;
         this.home().device_slot().ok_or_else(|| Error::Device {
             device: 0,
             message: format!("Op [{op}]: X argument is not in device memory"),
