@@ -4,10 +4,14 @@
 //! interleaving of the same code that ships; otherwise they are `std`'s.
 
 #[cfg(not(ndmem_loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicIsize, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
+};
 
 #[cfg(ndmem_loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU64, AtomicUsize};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicIsize, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
+};
 
 pub(crate) use std::sync::atomic::Ordering;
 

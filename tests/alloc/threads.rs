@@ -326,3 +326,65 @@ fn an_unlimited_pool_still_bounds_what_a_thread_keeps() {
     assert_eq!(s.thread_cached_bytes, 3 * MIB);
     assert!(s.thread_cached_bytes <= ndmem_alloc::physical_ram() / 4);
 }
+
+/// A peak reset starts the peak again from the live bytes, also for a thread whose own high
+/// was set before the reset: its next rise counts from where it is, not from its old high.
+#[test]
+fn a_peak_reset_starts_every_thread_again_from_its_live_bytes() {
+    let pool = pool_with(64 * MIB);
+    std::thread::scope(|s| {
+        let (to_main, from_thread) = mpsc::channel::<()>();
+        let (to_thread, from_main) = mpsc::channel::<()>();
+        let pool = &pool;
+        s.spawn(move || {
+            // A high of 8 KiB, then down to 1 KiB live.
+            let mut blocks: Vec<Block> = (0..8).map(|_| pool.allocate(1024, 16).unwrap()).collect();
+            blocks.truncate(1);
+            to_main.send(()).unwrap();
+            from_main.recv().unwrap();
+            // After the reset: 2 KiB live, below the old high but a new peak.
+            blocks.push(pool.allocate(1024, 16).unwrap());
+            to_main.send(()).unwrap();
+            from_main.recv().unwrap();
+        });
+        from_thread.recv().unwrap();
+        assert_eq!(pool.stats().peak_bytes, 8 * 1024);
+        pool.reset_peak();
+        assert_eq!(
+            pool.stats().peak_bytes,
+            1024,
+            "the reset starts from the live bytes"
+        );
+        to_thread.send(()).unwrap();
+        from_thread.recv().unwrap();
+        let s = pool.stats();
+        assert_eq!((s.live_bytes, s.peak_bytes), (2048, 2048));
+        // The same on this thread.
+        let a = pool.allocate(1024, 16).unwrap();
+        drop(a);
+        assert_eq!(pool.stats().peak_bytes, 3 * 1024);
+        pool.reset_peak();
+        let b = pool.allocate(1024, 16).unwrap();
+        assert_eq!(pool.stats().peak_bytes, 3 * 1024);
+        drop(b);
+        to_thread.send(()).unwrap();
+    });
+}
+
+/// A cache learns its caps from misses (each doubles a list's cap), and a lower limit
+/// recalls the caches and sets the caps back.
+#[test]
+fn a_thread_keeps_as_many_blocks_of_a_class_as_it_missed_and_a_lower_limit_resets_that() {
+    let pool = pool_with(64 * MIB);
+    // Five misses: the cap goes 1, 2, 4, 8, 16.
+    cache_blocks(&pool, 5, 4096);
+    assert_eq!(pool.stats().thread_cached_bytes, 5 * 4096);
+    // Five hits and a sixth miss: all six kept.
+    cache_blocks(&pool, 6, 4096);
+    let s = pool.stats();
+    assert_eq!(s.thread_cached_bytes, 6 * 4096);
+    pool.set_max_bytes(Some(32 * MIB)).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.thread_cached_bytes, 0, "a lower bound recalls the caches");
+    assert_eq!(s.cached_bytes, 6 * 4096, "into the shared classes");
+}

@@ -18,8 +18,12 @@ pub struct Block<'p> {
     ptr: NonNull<u8>,
     len: usize,
     capacity: usize,
-    usage: Usage,
     pool: &'p Pool,
+    /// The class of `capacity` (kept so the free path need not work it out again) in the
+    /// low byte, the usage's index above it: one word, so that moving a `Block` copies
+    /// whole words (byte fields written apart and read back as a word stall the CPU's
+    /// store forwarding on the allocation fast path).
+    tag: usize,
 }
 
 // SAFETY: a Block owns its memory exclusively (like a Box<[u8]>), and the pool it returns
@@ -29,19 +33,21 @@ unsafe impl Send for Block<'_> {}
 unsafe impl Sync for Block<'_> {}
 
 impl<'p> Block<'p> {
-    /// Takes ownership of `capacity` bytes at `ptr`, of which the first `len` were
-    /// requested, for `usage`; the caller has counted them live in `pool`, and the drop
-    /// gives them back to it.
+    /// Takes ownership of `capacity` bytes at `ptr` (of size class `class`), of which the
+    /// first `len` were requested, for `usage`; the caller has counted them live in
+    /// `pool`, and the drop gives them back to it.
     ///
     /// # Safety
     ///
     /// `ptr` must be a block of `pool` of exactly `capacity` bytes (from the OS or the
     /// cache of its class) that nothing else owns or uses any more, with every byte
     /// initialised, and `len <= capacity`.
+    #[inline(always)]
     pub(super) unsafe fn new(
         ptr: NonNull<u8>,
         len: usize,
         capacity: usize,
+        class: u8,
         usage: Usage,
         pool: &'p Pool,
     ) -> Block<'p> {
@@ -50,8 +56,8 @@ impl<'p> Block<'p> {
             ptr,
             len,
             capacity,
-            usage,
             pool,
+            tag: usize::from(class) | usage.index() << 8,
         }
     }
 
@@ -80,7 +86,7 @@ impl<'p> Block<'p> {
 
     /// What the block was allocated for.
     pub fn usage(&self) -> Usage {
-        self.usage
+        Usage::from_index(self.tag >> 8)
     }
 
     /// The pool the block returns to.
@@ -117,15 +123,16 @@ impl fmt::Debug for Block<'_> {
             .field("ptr", &self.ptr)
             .field("len", &self.len)
             .field("capacity", &self.capacity)
-            .field("usage", &self.usage)
+            .field("usage", &self.usage())
             .finish()
     }
 }
 
 impl Drop for Block<'_> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
-        self.pool.release(self.ptr, self.capacity, self.usage);
+        self.pool
+            .release(self.ptr, self.capacity, self.tag as u8, self.usage());
     }
 }
 
@@ -141,7 +148,7 @@ impl<'p> Block<'p> {
         debug_assert_eq!(this.capacity & 3, 0);
         FreedBlock {
             ptr: this.ptr,
-            packed: this.capacity | this.usage.index(),
+            packed: this.capacity | this.usage().index(),
             pool: this.pool,
         }
     }
@@ -182,7 +189,10 @@ impl Drop for FreedBlock<'_> {
     #[inline]
     fn drop(&mut self) {
         let usage = Usage::from_index(self.packed & 3);
-        self.pool.release(self.ptr, self.capacity(), usage);
+        let capacity = self.capacity();
+        let class =
+            super::class::cached_class(capacity).map_or(super::class::NO_CLASS, |c| c as u8);
+        self.pool.release(self.ptr, capacity, class, usage);
     }
 }
 

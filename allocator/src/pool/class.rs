@@ -33,15 +33,73 @@ pub(super) fn class_of(bytes: usize) -> Option<usize> {
     Some((k - 6) * 4 + quarter)
 }
 
-/// Bytes of a block of class `class`.
-#[inline]
-pub(super) fn class_size(class: usize) -> usize {
+/// Bytes of a block of class `class` (computed: see [`CLASS_SIZES`] for the table).
+const fn compute_class_size(class: usize) -> usize {
     if class == 0 {
         return MIN_CLASS;
     }
     let k = 6 + (class - 1) / 4;
     let quarter = (class - 1) % 4 + 1;
     (1 << k) + quarter * (1 << (k - 2))
+}
+
+/// Every class's size, so the allocation path reads it instead of computing it (256
+/// entries, so that a `u8` class indexes it with no bounds check; those past the last
+/// class are 0 and never read).
+const CLASS_SIZES: [usize; 256] = {
+    let mut sizes = [0; 256];
+    let mut class = 0;
+    while class < NUM_CLASSES {
+        sizes[class] = compute_class_size(class);
+        class += 1;
+    }
+    sizes
+};
+
+/// Bytes of a block of class `class`.
+#[inline(always)]
+pub(super) fn class_size(class: usize) -> usize {
+    debug_assert!(class < NUM_CLASSES);
+    CLASS_SIZES[class]
+}
+
+/// Requests up to this many bytes, rounded to their alignment, find their class in
+/// [`SMALL_CLASSES`].
+const SMALL_BYTES: usize = 64 << 10;
+/// The largest alignment the table path serves (every class is a multiple of 16, and a
+/// request rounded to its alignment lands in a class at least that aligned: see
+/// [`natural_align`]).
+const SMALL_ALIGN: usize = 64;
+
+/// The class of every multiple of 16 bytes up to [`SMALL_BYTES`], by `bytes / 16`: one load
+/// instead of the arithmetic of [`class_of`].
+static SMALL_CLASSES: [u8; SMALL_BYTES / 16 + 1] = {
+    let mut table = [0; SMALL_BYTES / 16 + 1];
+    let mut i = 1;
+    while i < table.len() {
+        let bytes = i * 16;
+        // `class_of` for `bytes <= SMALL_BYTES`, in const form.
+        table[i] = if bytes <= MIN_CLASS {
+            0
+        } else {
+            let k = (usize::BITS - 1 - (bytes - 1).leading_zeros()) as usize;
+            let step = 1usize << (k - 2);
+            ((k - 6) * 4 + (bytes - (1 << k)).div_ceil(step)) as u8
+        };
+        i += 1;
+    }
+    table
+};
+
+/// No class: the block is mapped exactly and never cached (see [`Fit::class`]).
+pub(super) const NO_CLASS: u8 = u8::MAX;
+
+/// How a valid request is served: the block's capacity and its cache class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Fit {
+    pub(super) capacity: usize,
+    /// The class of `capacity`, or [`NO_CLASS`] above the largest class.
+    pub(super) class: u8,
 }
 
 /// The cache class of a block of `capacity` bytes: `None` for blocks mapped exactly (above
@@ -59,9 +117,27 @@ pub(super) fn natural_align(capacity: usize) -> usize {
     (1usize << capacity.trailing_zeros()).clamp(16, MAX_ALIGN)
 }
 
-/// The capacity serving `size` bytes at `align`, or why the request is invalid.
-#[inline]
-pub(super) fn capacity_for(size: usize, align: usize) -> Result<usize, AllocError> {
+/// The capacity and class serving `size` bytes at `align`, or why the request is invalid.
+/// A request of up to 64 KiB at an alignment of up to 64 is a table lookup; the rest is
+/// [`fit_any`].
+#[inline(always)]
+pub(super) fn fit(size: usize, align: usize) -> Result<Fit, AllocError> {
+    if align.is_power_of_two() && align <= SMALL_ALIGN && size.wrapping_sub(1) < SMALL_BYTES {
+        let unit = align.max(16);
+        // At most SMALL_BYTES: a multiple of every alignment served here.
+        let rounded = (size + unit - 1) & !(unit - 1);
+        let class = SMALL_CLASSES[rounded / 16];
+        return Ok(Fit {
+            capacity: CLASS_SIZES[usize::from(class)],
+            class,
+        });
+    }
+    fit_any(size, align)
+}
+
+/// [`fit`] for any request: every check, and the class worked out.
+#[inline(never)]
+fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
     if size == 0 {
         return Err(invalid(size, align, "zero-size allocations are not served"));
     }
@@ -86,8 +162,14 @@ pub(super) fn capacity_for(size: usize, align: usize) -> Result<usize, AllocErro
             )
         })?;
     match class_of(rounded) {
-        Some(class) => Ok(class_size(class)),
-        None => Ok(rounded.next_multiple_of(page_size())),
+        Some(class) => Ok(Fit {
+            capacity: class_size(class),
+            class: class as u8,
+        }),
+        None => Ok(Fit {
+            capacity: rounded.next_multiple_of(page_size()),
+            class: NO_CLASS,
+        }),
     }
 }
 
@@ -128,7 +210,7 @@ mod tests {
         let mut align = 1;
         while align <= MAX_ALIGN {
             for size in 1..20_000 {
-                let capacity = capacity_for(size, align).unwrap();
+                let capacity = fit(size, align).unwrap().capacity;
                 assert!(capacity >= size);
                 assert_eq!(
                     natural_align(capacity) % align.max(16),
@@ -141,9 +223,33 @@ mod tests {
     }
 
     #[test]
+    fn a_fit_carries_the_class_of_its_capacity_and_the_table_matches_the_formula() {
+        for class in 0..NUM_CLASSES {
+            assert_eq!(
+                class_size(class),
+                compute_class_size(class),
+                "class {class}"
+            );
+        }
+        for align in [1, 8, 16, 32, 64, 128] {
+            for size in (1..70_000).step_by(3).chain([MAX_CLASS, MAX_CLASS + 1]) {
+                let f = fit(size, align).unwrap();
+                let expected = cached_class(f.capacity).map_or(NO_CLASS, |c| c as u8);
+                assert_eq!(f.class, expected, "{size} B @ {align} -> {} B", f.capacity);
+                // The table path and the general one agree.
+                assert_eq!(
+                    Ok(f),
+                    fit_any(size, align).map_err(|_| ()),
+                    "{size} @ {align}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn blocks_above_the_largest_class_are_page_multiples_and_never_cached() {
         let page = page_size();
-        let capacity = capacity_for(MAX_CLASS + 1, 64).unwrap();
+        let capacity = fit(MAX_CLASS + 1, 64).unwrap().capacity;
         assert_eq!(capacity % page, 0);
         assert!(capacity > MAX_CLASS && capacity <= MAX_CLASS + page);
         assert_eq!(cached_class(capacity), None);
@@ -158,7 +264,7 @@ mod tests {
             (8, 8192, "above 4096"),
             (usize::MAX - 2, 8, "overflows"),
         ] {
-            match capacity_for(size, align) {
+            match fit(size, align).map(|f| f.capacity) {
                 Err(AllocError::InvalidLayout { reason: r, .. }) => {
                     assert!(r.contains(reason), "{size} @ {align}: {r}")
                 }

@@ -2,16 +2,21 @@
 //! tallies the pool's statistics are summed from.
 //!
 //! A thread keeps, for each pool it allocates from, a [`Slot`]: one free list per size class
-//! (the blocks are linked through their first word), the bytes on those lists, and the
-//! thread's tally of allocations and frees. A block freed by that thread goes onto its list
-//! while the slot holds less than the pool's per-thread bound and the list is shorter than
-//! its cap, and the thread's next request of that class takes it back: neither touches a
-//! lock or a cache line another thread writes. A list's cap starts at [`START_CAP`] blocks
-//! and doubles each time its thread finds the list empty, up to 8 MiB worth
-//! ([`list_cap`]): a thread that allocates and frees many blocks of a class keeps them all,
-//! while a thread that only frees what another allocates (the consumer of a prefetching
-//! loader) keeps a few and passes the rest on through the shared classes instead of
-//! hoarding them while the other thread asks the OS.
+//! (the blocks are linked through their first word), each with its length and its cap, and
+//! the thread's tally of allocations and frees. A block freed by that thread goes onto its
+//! list while the list is shorter than its cap, and the thread's next request of that class
+//! takes it back: neither touches a lock or a cache line another thread writes.
+//!
+//! Caps are learned, and they carry the byte bound. Every list starts with a cap of 0; each
+//! time its thread finds it empty, the cap doubles (to 1 the first time), up to 8 MiB worth
+//! ([`list_cap`]) and as long as the caps of all the slot's lists, in bytes, stay within the
+//! pool's per-thread bound. So the blocks a slot holds never pass the bound, and the free
+//! path checks nothing but the list's length against its cap. A thread that allocates and
+//! frees many blocks of a class keeps them all, while a thread that only frees what another
+//! allocates (the consumer of a prefetching loader) never finds a list empty, keeps
+//! nothing, and passes its blocks on through the shared classes instead of hoarding them
+//! while the other thread asks the OS. A recall empties the lists and sets the caps back to
+//! 0, so they are learned again under the bound of the time.
 //! The slots of a pool are listed in its [`Registry`], so that another thread can recall
 //! what they hold (at a limit, on a lower limit, on `trim`) and sum their tallies.
 //!
@@ -55,11 +60,11 @@ use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(ndmem_loom))]
 use std::sync::{Mutex, MutexGuard};
 
-use super::class::NUM_CLASSES;
-use super::os::{heavy_barrier, light_barrier};
+use super::class::{class_size, NUM_CLASSES};
+use super::os::{has_process_barrier, heavy_barrier, light_barrier_given};
 use super::stats::{Books, Figures};
 use super::{Core, Usage};
-use crate::sync::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
@@ -67,51 +72,61 @@ const PEAK_BATCH: isize = 4 << 20;
 /// Bytes one class's list may hold (at least two blocks of any class).
 const LIST_BYTES: usize = 8 << 20;
 
-/// The cap of a list its thread has not yet found empty.
-pub(super) const START_CAP: u32 = 32;
-
 /// The most blocks of `capacity` bytes a thread's list ever keeps: 8 MiB worth, at least 2.
 #[inline(always)]
 pub(super) fn list_cap(capacity: usize) -> u32 {
     (LIST_BYTES / capacity.max(1)).clamp(2, u32::MAX as usize) as u32
 }
 
-/// A slot's lists: the head of each class's list (null when empty), its length and its
-/// current cap.
+/// A slot's lists: the head of each class's list (null when empty) and its cap, with the
+/// caps' sum in bytes (the lengths are beside them, in the slot, for readers).
 struct Lists {
     heads: [*mut u8; NUM_CLASSES],
-    lens: [u32; NUM_CLASSES],
     caps: [u32; NUM_CLASSES],
+    /// `sum(caps[c] * class_size(c))`: at most the pool's per-thread bound.
+    capped: usize,
 }
 
 /// One thread's cache and tally for one pool.
 pub(super) struct Slot {
+    /// The owner's live bytes above which it must publish towards the peak (a new high, or
+    /// a batch above what it last published); lowered to `isize::MIN` by a peak reset, so
+    /// the owner's next allocation starts its high again. Written by the owner with a
+    /// compare-exchange, so a reset is never overwritten.
+    rise: AtomicIsize,
     /// 1 while the owner is inside (takes or keeps a block).
     busy: AtomicUsize,
     /// 1 while a recaller wants in or is inside.
     recall: AtomicUsize,
+    /// Whether the process-wide barrier is registered (see `os`): asked once, before any
+    /// slot exists, and kept here so the owner's barrier reads no global.
+    process_wide: bool,
     /// Each class's free list; see the handshake.
     lists: UnsafeCell<Lists>,
-    /// Bytes on the lists; written by whoever is inside, read by anyone.
-    bytes: AtomicUsize,
+    /// Each list's length; written by whoever is inside, read by anyone (the bytes cached
+    /// are summed from them).
+    lens: [AtomicU32; NUM_CLASSES],
     tally: Tally,
     /// The owner's peak bookkeeping; touched by the owner thread alone.
     mark: UnsafeCell<Mark>,
 }
 
-/// A thread's counts, written by the thread alone: every figure only grows, except the
-/// per-usage nets and `cached`.
+/// A thread's counts, written by the thread alone, each only growing. The figures the
+/// statistics show are derived when read: bytes allocated and freed are the sums over the
+/// usages, live bytes per usage their differences, cache hits the allocations less the
+/// misses, so an allocation served from the cache writes two counters and a free two.
 struct Tally {
-    allocated: AtomicU64,
-    freed: AtomicU64,
+    /// Bytes handed out, per usage.
+    allocated: [AtomicU64; 4],
+    /// Bytes given back, per usage.
+    freed: [AtomicU64; 4],
     allocations: AtomicU64,
     deallocations: AtomicU64,
-    cache_hits: AtomicU64,
-    usage: [AtomicIsize; 4],
+    /// Allocations not served from a cache (fresh OS memory, reservations).
+    misses: AtomicU64,
 }
 
 /// What the owner last published towards the pool's peak.
-#[derive(Default)]
 struct Mark {
     /// The thread's live bytes (allocated minus freed by it; negative if it frees what
     /// others allocated).
@@ -122,6 +137,8 @@ struct Mark {
     high: isize,
     /// The pool's peak epoch `high` belongs to.
     epoch: u64,
+    /// `published - PEAK_BATCH`: the level below which a free publishes.
+    fall: isize,
 }
 
 // SAFETY: the lists (raw block pointers, owned by the slot) are touched by one thread at a
@@ -141,34 +158,34 @@ fn bump(figure: &AtomicU64, n: u64) {
     );
 }
 
-#[inline(always)]
-fn shift(figure: &AtomicIsize, n: isize) {
-    figure.store(
-        figure.load(Ordering::Relaxed).wrapping_add(n),
-        Ordering::Relaxed,
-    );
-}
-
 impl Slot {
-    fn new() -> Slot {
+    fn new(epoch: u64) -> Slot {
         Slot {
+            // The first allocation publishes (a new high from nothing).
+            rise: AtomicIsize::new(0),
             busy: AtomicUsize::new(0),
             recall: AtomicUsize::new(0),
+            process_wide: has_process_barrier(),
             lists: UnsafeCell::new(Lists {
                 heads: [ptr::null_mut(); NUM_CLASSES],
-                lens: [0; NUM_CLASSES],
-                caps: [START_CAP; NUM_CLASSES],
+                caps: [0; NUM_CLASSES],
+                capped: 0,
             }),
-            bytes: AtomicUsize::new(0),
+            lens: std::array::from_fn(|_| AtomicU32::new(0)),
             tally: Tally {
-                allocated: AtomicU64::new(0),
-                freed: AtomicU64::new(0),
+                allocated: std::array::from_fn(|_| AtomicU64::new(0)),
+                freed: std::array::from_fn(|_| AtomicU64::new(0)),
                 allocations: AtomicU64::new(0),
                 deallocations: AtomicU64::new(0),
-                cache_hits: AtomicU64::new(0),
-                usage: std::array::from_fn(|_| AtomicIsize::new(0)),
+                misses: AtomicU64::new(0),
             },
-            mark: UnsafeCell::new(Mark::default()),
+            mark: UnsafeCell::new(Mark {
+                level: 0,
+                published: 0,
+                high: 0,
+                epoch,
+                fall: -PEAK_BATCH,
+            }),
         }
     }
 
@@ -176,7 +193,7 @@ impl Slot {
     #[inline(always)]
     fn enter(&self) -> bool {
         self.busy.store(1, Ordering::Relaxed);
-        light_barrier();
+        light_barrier_given(self.process_wide);
         if self.recall.load(Ordering::Acquire) == 0 {
             return true;
         }
@@ -190,9 +207,15 @@ impl Slot {
         self.busy.store(0, Ordering::Release);
     }
 
-    /// Owner: takes a block of `class` (of `capacity` bytes) from the lists, if any.
-    #[inline]
-    pub(super) fn take(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
+    /// Owner: takes a block of `class` (of `capacity` bytes) from the lists, if any; if the
+    /// list is empty, raises its cap within `registry`'s bound.
+    #[inline(always)]
+    pub(super) fn take(
+        &self,
+        class: usize,
+        capacity: usize,
+        registry: &Registry,
+    ) -> Option<NonNull<u8>> {
         if !self.enter() {
             return None; // being recalled: this request goes to the shared classes
         }
@@ -203,34 +226,28 @@ impl Slot {
             // SAFETY: a listed block is a live allocation of at least 64 bytes, aligned to
             // 16, owned by this slot, whose first word holds the next block of the list.
             lists.heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
-            lists.lens[class] -= 1;
-            let bytes = self.bytes.load(Ordering::Relaxed);
-            self.bytes.store(bytes - capacity, Ordering::Relaxed);
+            let len = &self.lens[class];
+            len.store(len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
         } else {
-            // This thread allocates the class faster than it frees it: let it keep more.
-            lists.caps[class] = lists.caps[class].saturating_mul(2).min(list_cap(capacity));
+            grow(lists, class, capacity, registry.bound());
         }
         self.leave();
         block
     }
 
-    /// Owner: keeps `block` (of `class`, `capacity` bytes, owned by the caller) on the lists
-    /// if the slot stays within `bound` bytes and the list under its cap; `false` leaves
-    /// it with the caller.
-    #[inline]
-    pub(super) fn keep(
-        &self,
-        class: usize,
-        block: NonNull<u8>,
-        capacity: usize,
-        bound: usize,
-    ) -> bool {
-        if self.bytes.load(Ordering::Relaxed) + capacity > bound || !self.enter() {
+    /// Owner: keeps `block` (of `class`, owned by the caller) on the lists if its list is
+    /// under its cap (the caps keep the slot within the bound); `false` leaves it with the
+    /// caller.
+    #[inline(always)]
+    pub(super) fn keep(&self, class: usize, block: NonNull<u8>) -> bool {
+        if !self.enter() {
             return false;
         }
         // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
         let lists = unsafe { &mut *self.lists.get() };
-        if lists.lens[class] >= lists.caps[class].min(list_cap(capacity)) {
+        let len = &self.lens[class];
+        let n = len.load(Ordering::Relaxed);
+        if n >= lists.caps[class] {
             self.leave();
             return false;
         }
@@ -238,12 +255,18 @@ impl Slot {
         // its first word is ours to overwrite with the link.
         unsafe { block.as_ptr().cast::<*mut u8>().write(lists.heads[class]) };
         lists.heads[class] = block.as_ptr();
-        lists.lens[class] += 1;
-        // Read again: a recall may have emptied the slot since the bound was checked.
-        let bytes = self.bytes.load(Ordering::Relaxed);
-        self.bytes.store(bytes + capacity, Ordering::Relaxed);
+        len.store(n + 1, Ordering::Relaxed);
         self.leave();
         true
+    }
+
+    /// Bytes on the lists (exact while nobody is inside; each length is read once).
+    fn cached_bytes(&self) -> usize {
+        self.lens
+            .iter()
+            .enumerate()
+            .map(|(class, n)| n.load(Ordering::Relaxed) as usize * class_size(class))
+            .sum()
     }
 
     /// Recaller, holding the registry's lock: the first half of the handshake. The
@@ -263,7 +286,13 @@ impl Slot {
         }
         // SAFETY: the recaller is inside (the handshake): nobody else touches the lists.
         let lists = unsafe { &mut *self.lists.get() };
-        lists.lens = [0; NUM_CLASSES];
+        let bytes = self.cached_bytes();
+        for len in &self.lens {
+            len.store(0, Ordering::Relaxed);
+        }
+        // The caps are learned again, under the bound of the time.
+        lists.caps = [0; NUM_CLASSES];
+        lists.capped = 0;
         for (class, head) in lists.heads.iter_mut().enumerate() {
             let mut next = std::mem::replace(head, ptr::null_mut());
             while let Some(block) = NonNull::new(next) {
@@ -273,69 +302,128 @@ impl Slot {
                 each(block, class);
             }
         }
-        let bytes = self.bytes.load(Ordering::Relaxed);
-        self.bytes.store(0, Ordering::Relaxed);
         self.recall.store(0, Ordering::Release);
         bytes
     }
 
     /// Owner: a block or reservation of `bytes` was handed out for `usage` (`hit`: from a
-    /// cache). Publishes towards the peak when the thread's live bytes reach a new high or
-    /// drift a batch from what it last published.
-    #[inline]
-    pub(super) fn live(&self, books: &Books, epoch: u64, bytes: usize, usage: Usage, hit: bool) {
+    /// cache). Publishes towards the peak when the thread's live bytes pass `rise`.
+    #[inline(always)]
+    pub(super) fn live(
+        &self,
+        registry: &Registry,
+        books: &Books,
+        bytes: usize,
+        usage: Usage,
+        hit: bool,
+    ) {
         let t = &self.tally;
-        bump(&t.allocated, bytes as u64);
+        bump(&t.allocated[usage.index()], bytes as u64);
         bump(&t.allocations, 1);
-        if hit {
-            bump(&t.cache_hits, 1);
+        if !hit {
+            bump(&t.misses, 1);
         }
-        shift(&t.usage[usage.index()], bytes as isize);
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
-        if m.epoch != epoch {
-            // The peak was reset: rises from here on count again.
-            m.epoch = epoch;
-            m.high = m.level;
-        }
         m.level += bytes as isize;
-        if m.level > m.high || m.level - m.published > PEAK_BATCH {
-            m.high = m.high.max(m.level);
-            books.publish(m.level - m.published, true);
-            m.published = m.level;
+        if m.level > self.rise.load(Ordering::Acquire) {
+            self.rose(m, registry, books);
+        }
+    }
+
+    /// Owner: the live bytes passed `rise`: a new high since the last reset (whose epoch
+    /// is checked here), or a batch above what was published. Publishes and sets the next
+    /// `rise`, unless a reset lowered it meanwhile (then this runs again).
+    #[cold]
+    fn rose(&self, m: &mut Mark, registry: &Registry, books: &Books) {
+        loop {
+            // Acquire: a reset's lowered `rise` is seen with its new epoch.
+            let seen = self.rise.load(Ordering::Acquire);
+            let epoch = registry.epoch();
+            if m.epoch != epoch {
+                // The peak was reset: rises from here on count again.
+                m.epoch = epoch;
+                m.high = isize::MIN;
+            }
+            if m.level > m.high || m.level - m.published > PEAK_BATCH {
+                m.high = m.high.max(m.level);
+                books.publish(m.level - m.published, true);
+                m.published = m.level;
+                m.fall = m.level - PEAK_BATCH;
+            }
+            let next = m.high.min(m.published + PEAK_BATCH);
+            if self
+                .rise
+                .compare_exchange(seen, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
         }
     }
 
     /// Owner: a block or reservation of `bytes` for `usage` came back.
-    #[inline]
+    #[inline(always)]
     pub(super) fn freed(&self, books: &Books, bytes: usize, usage: Usage) {
         let t = &self.tally;
-        bump(&t.freed, bytes as u64);
+        bump(&t.freed[usage.index()], bytes as u64);
         bump(&t.deallocations, 1);
-        shift(&t.usage[usage.index()], -(bytes as isize));
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         m.level -= bytes as isize;
-        if m.published - m.level > PEAK_BATCH {
-            books.publish(m.level - m.published, false);
-            m.published = m.level;
+        if m.level < m.fall {
+            self.fell(m, books);
         }
+    }
+
+    /// Owner: the live bytes fell a batch below what was published: publishes, and lowers
+    /// `rise` to a batch above the new figure, unless a reset lowered it meanwhile.
+    #[cold]
+    fn fell(&self, m: &mut Mark, books: &Books) {
+        let seen = self.rise.load(Ordering::Acquire);
+        books.publish(m.level - m.published, false);
+        m.published = m.level;
+        m.fall = m.level - PEAK_BATCH;
+        let next = m.high.min(m.published + PEAK_BATCH);
+        // A failure means a reset lowered `rise`: the next allocation starts over.
+        let _ =
+            self.rise
+                .compare_exchange(seen, next.min(seen), Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// The slot's figures (exact for every operation of its owner that is not in flight).
     fn figures(&self) -> Figures {
         let t = &self.tally;
+        // Frees are read before allocations: a free follows its allocation, so no live
+        // figure reads below what it is for want of an allocation read too early.
+        let freed: [u64; 4] = std::array::from_fn(|i| t.freed[i].load(Ordering::Relaxed));
+        let deallocations = t.deallocations.load(Ordering::Relaxed);
+        let allocated: [u64; 4] = std::array::from_fn(|i| t.allocated[i].load(Ordering::Relaxed));
+        let allocations = t.allocations.load(Ordering::Relaxed);
         Figures {
-            allocated: t.allocated.load(Ordering::Relaxed),
-            freed: t.freed.load(Ordering::Relaxed),
-            allocations: t.allocations.load(Ordering::Relaxed),
-            deallocations: t.deallocations.load(Ordering::Relaxed),
-            cache_hits: t.cache_hits.load(Ordering::Relaxed),
-            usage: std::array::from_fn(|i| t.usage[i].load(Ordering::Relaxed)),
+            allocated: allocated.iter().fold(0, |a, b| a.wrapping_add(*b)),
+            freed: freed.iter().fold(0, |a, b| a.wrapping_add(*b)),
+            allocations,
+            deallocations,
+            cache_hits: allocations.wrapping_sub(t.misses.load(Ordering::Relaxed)),
+            usage: std::array::from_fn(|i| allocated[i].wrapping_sub(freed[i]) as isize),
             cached: 0,
-            thread_cached: self.bytes.load(Ordering::Relaxed),
+            thread_cached: self.cached_bytes(),
         }
     }
+}
+
+/// A list of `class` (blocks of `capacity` bytes) was found empty: its cap doubles (to 1
+/// from 0), up to [`list_cap`] and as far as the slot's caps stay within `bound` bytes.
+#[cold]
+#[inline(never)]
+fn grow(lists: &mut Lists, class: usize, capacity: usize, bound: usize) {
+    let cap = lists.caps[class];
+    let room = bound.saturating_sub(lists.capped) / capacity.max(1);
+    let wanted = cap.saturating_mul(2).max(1).min(list_cap(capacity));
+    let grown = wanted.min(cap.saturating_add(room.min(u32::MAX as usize) as u32));
+    lists.capped += (grown - cap) as usize * capacity;
+    lists.caps[class] = grown;
 }
 
 /// A slot's address in a registry (valid while it is listed there: see the invariant).
@@ -409,9 +497,21 @@ impl Registry {
         f(figures)
     }
 
-    /// Peak reset: every thread starts its high again from its live bytes now.
-    pub(super) fn reset_epoch(&self) {
+    /// Peak reset, with the lock held (so the slots and their sum are one state): every
+    /// thread starts its high again from its live bytes now, and `f` gets the exact figures
+    /// the reset starts from.
+    pub(super) fn reset_peak<R>(&self, books: &Books, f: impl FnOnce(Figures) -> R) -> R {
+        let slots = self.lock();
+        let mut figures = books.figures();
         self.epoch.fetch_add(1, Ordering::Relaxed);
+        for listed in slots.iter() {
+            // SAFETY: a listed slot is alive while the lock is held.
+            let slot = unsafe { listed.0.as_ref() };
+            figures.add(&slot.figures());
+            // Release: the owner that sees this sees the new epoch too.
+            slot.rise.store(isize::MIN, Ordering::Release);
+        }
+        f(figures)
     }
 
     /// Empties every slot, handing each block (and its class) to `each`; returns the bytes.
@@ -461,11 +561,11 @@ impl Registry {
 }
 
 /// Runs `f` with this thread's slot for `core`, if it has one.
-#[inline]
+#[inline(always)]
 pub(super) fn with_slot<R>(core: &Core, f: impl FnOnce(&Slot) -> R) -> Option<R> {
     #[cfg(not(ndmem_loom))]
     {
-        let slot = CACHES.try_with(|caches| caches.find(core)).ok().flatten()?;
+        let slot = thread::find(core)?;
         // SAFETY: a slot found in this thread's entries is alive until this thread removes
         // it, which only `register` (pruning) and the thread's exit do, neither inside `f`
         // (the slot's methods touch no thread-local state).
@@ -501,48 +601,58 @@ mod thread {
         slot: NonNull<Slot>,
     }
 
-    /// This thread's entries, with the last one used in front.
+    /// This thread's entries.
     pub(super) struct Caches {
-        last: Cell<(*const Core, *const Slot)>,
         entries: RefCell<Vec<Entry>>,
     }
 
     std::thread_local! {
         pub(super) static CACHES: Caches = const {
             Caches {
-                last: Cell::new((ptr::null(), ptr::null())),
                 entries: RefCell::new(Vec::new()),
             }
         };
+        /// The pool core and slot this thread used last: a value with no destructor, so
+        /// reading it is one thread-local load with no state to check. Cleared before the
+        /// entries are dropped (and while they are pruned), so it never names a freed slot.
+        static LAST: Cell<(*const Core, *const Slot)> =
+            const { Cell::new((ptr::null(), ptr::null())) };
+    }
+
+    /// This thread's slot for `core`, if it has one.
+    #[inline(always)]
+    pub(super) fn find(core: &Core) -> Option<NonNull<Slot>> {
+        let (last_core, last_slot) = LAST.with(Cell::get);
+        if ptr::eq(last_core, core) {
+            return NonNull::new(last_slot.cast_mut());
+        }
+        find_slow(core)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn find_slow(core: &Core) -> Option<NonNull<Slot>> {
+        CACHES
+            .try_with(|caches| {
+                let entries = caches.entries.try_borrow().ok()?;
+                let entry = entries.iter().find(|e| ptr::eq(&*e.core, core))?;
+                LAST.with(|last| last.set((core, entry.slot.as_ptr())));
+                Some(entry.slot)
+            })
+            .ok()
+            .flatten()
     }
 
     impl Caches {
-        #[inline]
-        pub(super) fn find(&self, core: &Core) -> Option<NonNull<Slot>> {
-            let (last_core, last_slot) = self.last.get();
-            if ptr::eq(last_core, core) {
-                return NonNull::new(last_slot.cast_mut());
-            }
-            self.find_slow(core)
-        }
-
-        #[cold]
-        fn find_slow(&self, core: &Core) -> Option<NonNull<Slot>> {
-            let entries = self.entries.try_borrow().ok()?;
-            let entry = entries.iter().find(|e| ptr::eq(&*e.core, core))?;
-            self.last.set((core, entry.slot.as_ptr()));
-            Some(entry.slot)
-        }
-
         #[cold]
         pub(super) fn register(&self, core: &Arc<Core>) -> Option<()> {
-            if self.find(core).is_some() {
+            if find(core).is_some() {
                 return Some(());
             }
             let mut entries = self.entries.try_borrow_mut().ok()?;
             // Entries of dropped pools go first (their cores are freed with the last entry).
             if entries.iter().any(|e| e.core.local.is_closed()) {
-                self.last.set((ptr::null(), ptr::null()));
+                LAST.with(|last| last.set((ptr::null(), ptr::null())));
                 entries.retain(|e| {
                     let closed = e.core.local.is_closed();
                     if closed {
@@ -555,7 +665,7 @@ mod thread {
             entries.try_reserve(1).ok()?;
             let mut one = Vec::new();
             one.try_reserve_exact(1).ok()?;
-            one.push(Slot::new());
+            one.push(Slot::new(core.local.epoch()));
             let slot = NonNull::from(Box::leak(one.into_boxed_slice())).cast::<Slot>();
             let listed = {
                 let mut slots = core.local.lock();
@@ -575,7 +685,7 @@ mod thread {
                 core: Arc::clone(core),
                 slot,
             });
-            self.last.set((&**core, slot.as_ptr()));
+            LAST.with(|last| last.set((&**core, slot.as_ptr())));
             Some(())
         }
     }
@@ -594,7 +704,8 @@ mod thread {
 
     impl Drop for Caches {
         fn drop(&mut self) {
-            self.last.set((ptr::null(), ptr::null()));
+            // `LAST` has no destructor, so it is still there to clear.
+            LAST.with(|last| last.set((ptr::null(), ptr::null())));
             for entry in self.entries.get_mut().drain(..) {
                 entry.leave();
             }

@@ -57,7 +57,7 @@ pub use block::{Block, FreedBlock, Reservation};
 pub use class::MAX_ALIGN;
 pub use stats::{PoolStats, Usage};
 
-use class::{cached_class, capacity_for, class_size, invalid, NUM_CLASSES};
+use class::{cached_class, class_size, fit, invalid, NO_CLASS, NUM_CLASSES};
 use local::Registry;
 use os::thread_id;
 use reclaim::Reclaimers;
@@ -200,7 +200,9 @@ impl Pool {
     }
 
     /// The fast path, inlined into callers: this thread's own cache, one thread-local
-    /// lookup; everything else is [`Pool::allocate_slow`].
+    /// lookup; everything else is [`Pool::allocate_slow`]. A pool whose configuration is
+    /// unusable never gets to the fast path: the slow path refuses before any thread's
+    /// cache of it is made.
     #[inline(always)]
     fn allocate_inner(
         &self,
@@ -209,20 +211,20 @@ impl Pool {
         usage: Usage,
         zeroed: bool,
     ) -> Result<Block<'_>, AllocError> {
-        let capacity = capacity_for(size, align)?;
+        let fit = fit(size, align)?;
         let core = &*self.core;
-        core.check_config()?;
-        if let Some(class) = cached_class(capacity) {
+        if fit.class != NO_CLASS {
+            let class = usize::from(fit.class);
             let hit = local::with_slot(core, |slot| {
-                let ptr = slot.take(class, capacity)?;
-                slot.live(&core.books, core.local.epoch(), capacity, usage, true);
+                let ptr = slot.take(class, fit.capacity, &core.local)?;
+                slot.live(&core.local, &core.books, fit.capacity, usage, true);
                 Some(ptr)
             });
             if let Some(Some(ptr)) = hit {
-                return Ok(self.block(ptr, size, capacity, usage, zeroed, false));
+                return Ok(self.block(ptr, size, fit.capacity, fit.class, usage, zeroed, false));
             }
         }
-        self.allocate_slow(size, capacity, usage, zeroed)
+        self.allocate_slow(size, fit.capacity, fit.class, usage, zeroed)
     }
 
     /// A block from the shared classes or the OS (registering this thread's cache first if
@@ -232,13 +234,20 @@ impl Pool {
         &self,
         size: usize,
         capacity: usize,
+        class_id: u8,
         usage: Usage,
         zeroed: bool,
     ) -> Result<Block<'_>, AllocError> {
         let core = &*self.core;
-        let class = cached_class(capacity);
-        if class.is_some() && local::with_slot(core, |_| ()).is_none() {
-            local::register(&self.core);
+        core.check_config()?;
+        let class = (class_id != NO_CLASS).then_some(usize::from(class_id));
+        if let Some(c) = class {
+            if local::with_slot(core, |_| ()).is_none() {
+                local::register(&self.core);
+                // This request found no block of its class in the new cache: a miss, which
+                // lets the cache keep one when it comes back.
+                local::with_slot(core, |slot| slot.take(c, capacity, &core.local));
+            }
         }
         let (ptr, fresh) = match class.and_then(|c| core.take_shared(c, capacity)) {
             Some(ptr) => (ptr, false),
@@ -248,15 +257,17 @@ impl Pool {
             },
         };
         core.count_live(capacity, usage, !fresh);
-        Ok(self.block(ptr, size, capacity, usage, zeroed, fresh))
+        Ok(self.block(ptr, size, capacity, class_id, usage, zeroed, fresh))
     }
 
-    #[inline]
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
         ptr: NonNull<u8>,
         size: usize,
         capacity: usize,
+        class: u8,
         usage: Usage,
         zeroed: bool,
         fresh: bool,
@@ -266,7 +277,7 @@ impl Pool {
         // (a cached pointer leaves a thread's list inside the slot's handshake, and a shared
         // slot through one `swap`), with every byte initialised (zeroed by the OS path,
         // written by previous owners since); `size <= capacity`.
-        let mut block = unsafe { Block::new(ptr, size, capacity, usage, self) };
+        let mut block = unsafe { Block::new(ptr, size, capacity, class, usage, self) };
         if zeroed && !fresh {
             block.zero();
         }
@@ -297,16 +308,16 @@ impl Pool {
     /// into its class's shared slots if one is free, else to the OS. A cached block stays
     /// reserved, so the caches can never push the pool past its limit; at the limit they
     /// are released before anything fails.
-    #[inline]
-    fn release(&self, ptr: NonNull<u8>, capacity: usize, usage: Usage) {
+    /// `class` is the block's class ([`NO_CLASS`] for blocks never cached).
+    #[inline(always)]
+    fn release(&self, ptr: NonNull<u8>, capacity: usize, class: u8, usage: Usage) {
         let core = &*self.core;
         if crate::trace::is_on() {
             core.traced(EventKind::Free, capacity);
         }
-        let class = cached_class(capacity);
         let kept = local::with_slot(core, |slot| {
             slot.freed(&core.books, capacity, usage);
-            class.is_some_and(|c| slot.keep(c, ptr, capacity, core.local.bound()))
+            class != NO_CLASS && slot.keep(usize::from(class), ptr)
         });
         match kept {
             Some(true) => return,
@@ -363,7 +374,15 @@ impl Pool {
         core.budget
             .set_limit(limit)
             .map_err(|e| below_use(e.limit, e.used))?;
-        core.local.set_bound(thread_cache_bound(limit));
+        let bound = thread_cache_bound(limit);
+        if bound < core.local.bound() {
+            // The threads' caps were learned under the higher bound: they start again.
+            core.local.set_bound(bound);
+            core.local
+                .recall(|block, class| core.release_shared(block, class_size(class)));
+        } else {
+            core.local.set_bound(bound);
+        }
         Ok(())
     }
 
@@ -415,10 +434,8 @@ impl Pool {
     /// Restarts both peaks from the current figures.
     pub fn reset_peak(&self) {
         let core = &*self.core;
-        core.local.summed(&core.books, |f| {
-            core.local.reset_epoch();
-            core.books.reset_peak(f.live());
-        });
+        core.local
+            .reset_peak(&core.books, |f| core.books.reset_peak(f.live()));
         core.budget.reset_peak();
     }
 }
@@ -461,9 +478,8 @@ impl Core {
 
     /// Counts a block or reservation of `bytes` live, in this thread's tally if it has one.
     fn count_live(&self, bytes: usize, usage: Usage, hit: bool) {
-        let epoch = self.local.epoch();
         if local::with_slot(self, |slot| {
-            slot.live(&self.books, epoch, bytes, usage, hit)
+            slot.live(&self.local, &self.books, bytes, usage, hit)
         })
         .is_none()
         {
@@ -480,7 +496,7 @@ impl Core {
 
     /// A block of `class` from this thread's cache or the shared slots.
     fn take_cached(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
-        local::with_slot(self, |slot| slot.take(class, capacity))
+        local::with_slot(self, |slot| slot.take(class, capacity, &self.local))
             .flatten()
             .or_else(|| self.take_shared(class, capacity))
     }

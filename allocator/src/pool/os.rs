@@ -76,7 +76,7 @@ pub(super) unsafe fn give_back(ptr: NonNull<u8>, capacity: usize) {
 static PROCESS_BARRIER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Asks for the process-wide barrier (Linux `membarrier`, private expedited) once; called
-/// before any thread cache exists, so every cache sees the answer (see `light_barrier`).
+/// before any thread cache exists, so every cache sees the answer (see `light_barrier_given`).
 pub(super) fn prepare_barrier() {
     use std::sync::atomic::Ordering;
     if PROCESS_BARRIER.load(Ordering::Acquire) == 0 {
@@ -104,21 +104,28 @@ fn register_process_barrier() -> bool {
     false
 }
 
-/// The cheap side of an asymmetric store-load barrier: orders this thread's earlier
-/// stores before its later loads *as seen by a thread that runs [`heavy_barrier`]*. A
-/// compiler fence when the process-wide barrier is available (the heavy side then makes
-/// every running thread execute a full fence), a full fence otherwise.
+/// Whether the process-wide barrier is registered (after [`prepare_barrier`]); a thread's
+/// cache keeps the answer beside its flags, so its barrier reads no global.
+pub(super) fn has_process_barrier() -> bool {
+    PROCESS_BARRIER.load(std::sync::atomic::Ordering::Relaxed) == 1
+}
+
+/// The cheap side of an asymmetric store-load barrier: orders this thread's earlier stores
+/// before its later loads *as seen by a thread that runs [`heavy_barrier`]*. A compiler
+/// fence when the process-wide barrier is available (`process_wide`, the answer of
+/// [`has_process_barrier`]: the heavy side then makes every running thread execute a full
+/// fence), a full fence otherwise.
 #[inline(always)]
-pub(super) fn light_barrier() {
+pub(super) fn light_barrier_given(process_wide: bool) {
     use std::sync::atomic::{compiler_fence, fence, Ordering};
-    if PROCESS_BARRIER.load(Ordering::Relaxed) == 1 {
+    if process_wide {
         compiler_fence(Ordering::SeqCst);
     } else {
         fence(Ordering::SeqCst);
     }
 }
 
-/// The costly side of the barrier of [`light_barrier`]: a full fence on every thread of
+/// The costly side of the barrier of [`light_barrier_given`]: a full fence on every thread of
 /// the process (a few microseconds), or on this thread alone when the other side fences
 /// for itself.
 pub(super) fn heavy_barrier() {
@@ -181,7 +188,7 @@ mod tests {
             PROCESS_BARRIER.load(std::sync::atomic::Ordering::Relaxed),
             mode
         );
-        light_barrier();
+        light_barrier_given(has_process_barrier());
         heavy_barrier();
         eprintln!("process-wide barrier available: {}", mode == 1);
     }

@@ -28,11 +28,13 @@ pub enum Usage {
 }
 
 impl Usage {
+    #[inline(always)]
     pub(super) fn index(self) -> usize {
         self as usize
     }
 
     /// The usage of index `i` (`i & 3`).
+    #[inline(always)]
     pub(super) fn from_index(i: usize) -> Usage {
         match i & 3 {
             0 => Usage::Tensor,
