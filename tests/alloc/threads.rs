@@ -183,10 +183,21 @@ fn statistics_read_from_another_thread_are_exact() {
 
 #[test]
 fn a_cycle_of_a_thousand_4_kib_blocks_needs_no_os_after_the_first() {
-    let pool = pool_with(256 * MIB);
+    cycle_of_a_thousand_needs_no_os_after_the_first(4096);
+}
+
+/// 64 MiB a cycle: more than any count-based cache keeps, all of it within the bound.
+#[test]
+fn a_cycle_of_a_thousand_64_kib_blocks_needs_no_os_after_the_first() {
+    cycle_of_a_thousand_needs_no_os_after_the_first(64 << 10);
+}
+
+fn cycle_of_a_thousand_needs_no_os_after_the_first(size: usize) {
+    // The per-thread bound (a quarter of the limit) is a cycle's worth, and a little more.
+    let pool = pool_with(4 * 1024 * size);
     let cycle = || {
         let blocks: Vec<Block> = (0..1000)
-            .map(|_| pool.allocate(4096, 64).unwrap())
+            .map(|_| pool.allocate(size, 64).unwrap())
             .collect();
         drop(blocks);
     };
@@ -203,7 +214,7 @@ fn a_cycle_of_a_thousand_4_kib_blocks_needs_no_os_after_the_first() {
     );
     assert_eq!(s.os_frees, warm.os_frees);
     assert_eq!(s.cache_hits, warm.cache_hits + 10_000);
-    assert_eq!(s.thread_cached_bytes, 1000 * 4096);
+    assert_eq!(s.thread_cached_bytes, 1000 * size);
 }
 
 /// A pool dropped while a thread that cached its blocks is alive: the blocks go back to the
@@ -371,16 +382,19 @@ fn a_peak_reset_starts_every_thread_again_from_its_live_bytes() {
     });
 }
 
-/// A cache learns its caps from misses (each doubles a list's cap), and a lower limit
-/// recalls the caches and sets the caps back.
+/// A cache learns its caps from misses (each adds a block to a list's cap), and a lower
+/// limit recalls the caches and sets the caps back.
 #[test]
 fn a_thread_keeps_as_many_blocks_of_a_class_as_it_missed_and_a_lower_limit_resets_that() {
     let pool = pool_with(64 * MIB);
-    // Five misses: the cap goes 1, 2, 4, 8, 16.
+    // Five misses: a cap of five.
     cache_blocks(&pool, 5, 4096);
     assert_eq!(pool.stats().thread_cached_bytes, 5 * 4096);
-    // Five hits and a sixth miss: all six kept.
+    // Five hits and a miss: six kept.
     cache_blocks(&pool, 6, 4096);
+    assert_eq!(pool.stats().thread_cached_bytes, 6 * 4096);
+    // Two blocks at a time: no miss, and the six stay.
+    cache_blocks(&pool, 2, 4096);
     let s = pool.stats();
     assert_eq!(s.thread_cached_bytes, 6 * 4096);
     pool.set_max_bytes(Some(32 * MIB)).unwrap();

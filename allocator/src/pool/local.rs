@@ -8,11 +8,13 @@
 //! takes it back: neither touches a lock or a cache line another thread writes.
 //!
 //! Caps are learned, and they carry the byte bound. Every list starts with a cap of 0; each
-//! time its thread finds it empty, the cap doubles (to 1 the first time), up to 8 MiB worth
-//! ([`list_cap`]) and as long as the caps of all the slot's lists, in bytes, stay within the
-//! pool's per-thread bound. So the blocks a slot holds never pass the bound, and the free
-//! path checks nothing but the list's length against its cap. A thread that allocates and
-//! frees many blocks of a class keeps them all, while a thread that only frees what another
+//! time its thread finds it empty, the cap grows by one block, as long as the caps of all
+//! the slot's lists, in bytes, stay within the pool's per-thread bound. A miss means every
+//! block the list could keep is in use, so after one cycle a list keeps as many blocks as
+//! its thread held at once, and the next cycle is served from the list alone. The blocks
+//! a slot holds never pass the bound, and the free path checks nothing but the list's
+//! length against its cap. A thread that allocates and frees many blocks of a class (a
+//! thousand 64 KiB blocks a step) keeps them all, while a thread that only frees what another
 //! allocates (the consumer of a prefetching loader) never finds a list empty, keeps
 //! nothing, and passes its blocks on through the shared classes instead of hoarding them
 //! while the other thread asks the OS. A recall empties the lists and sets the caps back to
@@ -68,15 +70,6 @@ use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
-
-/// Bytes one class's list may hold (at least two blocks of any class).
-const LIST_BYTES: usize = 8 << 20;
-
-/// The most blocks of `capacity` bytes a thread's list ever keeps: 8 MiB worth, at least 2.
-#[inline(always)]
-pub(super) fn list_cap(capacity: usize) -> u32 {
-    (LIST_BYTES / capacity.max(1)).clamp(2, u32::MAX as usize) as u32
-}
 
 /// A slot's lists: the head of each class's list (null when empty) and its cap, with the
 /// caps' sum in bytes (the lengths are beside them, in the slot, for readers).
@@ -413,17 +406,16 @@ impl Slot {
     }
 }
 
-/// A list of `class` (blocks of `capacity` bytes) was found empty: its cap doubles (to 1
-/// from 0), up to [`list_cap`] and as far as the slot's caps stay within `bound` bytes.
+/// A list of `class` (blocks of `capacity` bytes) was found empty: its cap grows by one
+/// block if the slot's caps stay within `bound` bytes with it.
 #[cold]
 #[inline(never)]
 fn grow(lists: &mut Lists, class: usize, capacity: usize, bound: usize) {
     let cap = lists.caps[class];
-    let room = bound.saturating_sub(lists.capped) / capacity.max(1);
-    let wanted = cap.saturating_mul(2).max(1).min(list_cap(capacity));
-    let grown = wanted.min(cap.saturating_add(room.min(u32::MAX as usize) as u32));
-    lists.capped += (grown - cap) as usize * capacity;
-    lists.caps[class] = grown;
+    if cap < u32::MAX && lists.capped + capacity <= bound {
+        lists.capped += capacity;
+        lists.caps[class] = cap + 1;
+    }
 }
 
 /// A slot's address in a registry (valid while it is listed there: see the invariant).
