@@ -36,9 +36,21 @@ fn true_grew(bytes: usize) {
     TRUE_PEAK.fetch_max(now, Ordering::SeqCst);
 }
 
-// SAFETY: forwards every call to System unchanged; the counting only touches atomics.
+/// A size `TrueLive` refuses (returns null for, as an exhausted system would) while it is
+/// not 0: the inner allocator failing inside the budget.
+static REFUSED_SIZE: AtomicUsize = AtomicUsize::new(0);
+
+fn inner_refuses(layout: Layout) -> bool {
+    layout.size() == REFUSED_SIZE.load(Ordering::Relaxed)
+}
+
+// SAFETY: forwards every call to System unchanged, or returns null (a refusal the contract
+// allows); the counting only touches atomics.
 unsafe impl GlobalAlloc for TrueLive {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if inner_refuses(layout) {
+            return std::ptr::null_mut();
+        }
         // SAFETY: the caller's layout, forwarded unchanged.
         let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() {
@@ -48,6 +60,9 @@ unsafe impl GlobalAlloc for TrueLive {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if inner_refuses(layout) {
+            return std::ptr::null_mut();
+        }
         // SAFETY: the caller's layout, forwarded unchanged.
         let ptr = unsafe { System.alloc_zeroed(layout) };
         if !ptr.is_null() {
@@ -179,6 +194,67 @@ fn a_copy_the_heap_cannot_hold_is_an_error_not_an_abort() {
     assert!(err.to_string().contains("NDMEM_MAX_HEAP"), "{err}");
     // Nothing was lost: with room again, the copy works.
     assert_eq!(t.to_vec::<f32>().unwrap().len(), 1 << 20);
+}
+
+/// The layouts the OOM hook saw (size, alignment), for
+/// [`an_inner_refusal_counts_a_failure_and_nothing_else`].
+static HOOK_SIZE: AtomicUsize = AtomicUsize::new(0);
+static HOOK_ALIGN: AtomicUsize = AtomicUsize::new(0);
+
+fn layout_hook(layout: Layout, _: &heap::HeapStats) {
+    HOOK_SIZE.store(layout.size(), Ordering::Relaxed);
+    HOOK_ALIGN.store(layout.align(), Ordering::Relaxed);
+}
+
+/// The inner allocator refuses an allocation `Tracking` had room for: the caller gets
+/// null, the OOM hook the layout asked for, and the figures count one failure and nothing
+/// else (no live byte, no allocation, no budget kept), whether the request took the hot
+/// path (a small block the thread's cell covers) or the cold one (a block the cell cannot
+/// cover), through `alloc` or `alloc_zeroed`.
+fn an_inner_refusal_counts_a_failure_and_nothing_else() {
+    // Warm the thread's cell so that the small request is served from it.
+    drop(vec![0u8; 100]);
+    heap::set_oom_hook(layout_hook);
+    for (size, align) in [(1_000_003, 64), (104, 32)] {
+        for zeroed in [false, true] {
+            let layout = Layout::from_size_align(size, align).unwrap();
+            let before = heap::stats();
+            REFUSED_SIZE.store(size, Ordering::Relaxed);
+            // SAFETY: a valid non-zero layout; the result is only compared with null.
+            let ptr = unsafe {
+                if zeroed {
+                    std::alloc::alloc_zeroed(layout)
+                } else {
+                    std::alloc::alloc(layout)
+                }
+            };
+            REFUSED_SIZE.store(0, Ordering::Relaxed);
+            assert!(ptr.is_null(), "the inner allocator refused {size} bytes");
+            assert_eq!(
+                (
+                    HOOK_SIZE.load(Ordering::Relaxed),
+                    HOOK_ALIGN.load(Ordering::Relaxed)
+                ),
+                (size, align),
+                "the hook sees the layout asked for"
+            );
+            let after = heap::stats();
+            let what = format!("{size} bytes, zeroed {zeroed}: {before:?} then {after:?}");
+            assert_eq!(
+                after.failed_allocations,
+                before.failed_allocations + 1,
+                "{what}"
+            );
+            assert_eq!(after.live_bytes, before.live_bytes, "{what}");
+            assert_eq!(after.allocations, before.allocations, "{what}");
+            assert_eq!(
+                after.total_allocated_bytes, before.total_allocated_bytes,
+                "{what}"
+            );
+            assert_eq!(after.peak_bytes, before.peak_bytes, "{what}");
+        }
+    }
+    heap::clear_oom_hook();
 }
 
 static HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -467,7 +543,11 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 11] = [
+    let tests: [(&str, fn()); 12] = [
+        (
+            "an_inner_refusal_counts_a_failure_and_nothing_else",
+            an_inner_refusal_counts_a_failure_and_nothing_else,
+        ),
         (
             "a_copy_the_heap_cannot_hold_is_an_error_not_an_abort",
             a_copy_the_heap_cannot_hold_is_an_error_not_an_abort,

@@ -240,24 +240,21 @@ fn refuse(layout: Layout) -> *mut u8 {
         // `fn(Layout, &HeapStats)`, which lives for the whole program.
         let hook: fn(Layout, &HeapStats) = unsafe { std::mem::transmute(hook) };
         // Unwinding out of `GlobalAlloc::alloc` is undefined behaviour: a panicking hook
-        // aborts the process instead. The guard costs nothing when the hook returns.
-        let guard = AbortOnUnwind;
-        hook(layout, &heap::stats());
-        std::mem::forget(guard);
+        // aborts the process instead. The panic is caught right here, not by a guard's
+        // drop further up: the frames above (the allocator shim, compiled not to unwind)
+        // can lack unwind tables, and a panic that has to search them for a handler is
+        // refused by the runtime before any guard runs, so the reason would never be told.
+        let stats = heap::stats();
+        let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            hook(layout, &stats);
+        }));
+        if called.is_err() {
+            warn(&[b"ndmem: the heap OOM hook panicked inside the global allocator; aborting\n"]);
+            std::process::abort();
+        }
         IN_HOOK.with(|h| h.set(false));
     }
     std::ptr::null_mut()
-}
-
-/// Aborts the process if dropped, which only happens while a panic unwinds through the
-/// frame that owns it (the normal path forgets it).
-struct AbortOnUnwind;
-
-impl Drop for AbortOnUnwind {
-    fn drop(&mut self) {
-        warn(&[b"ndmem: the heap OOM hook panicked inside the global allocator; aborting\n"]);
-        std::process::abort();
-    }
 }
 
 /// A pthread key whose destructor hands a thread's budget back when the thread exits.
