@@ -355,6 +355,74 @@ impl Slot {
         }
     }
 
+    /// Owner: [`Slot::take`] and [`Slot::live`] (a hit) of a block of `class` and `bytes`
+    /// in one, if neither needs cold work (publishing towards the peak, or an empty list,
+    /// or a recall under way); `None` changes nothing.
+    #[inline(always)]
+    pub(super) fn try_take(&self, class: usize, bytes: usize, usage: Usage) -> Option<NonNull<u8>> {
+        // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
+        let m = unsafe { &mut *self.mark.get() };
+        let level = m.level + bytes as isize;
+        if level > self.rise.load(Ordering::Acquire) || !self.enter() {
+            return None;
+        }
+        // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
+        let lists = unsafe { &mut *self.lists.get() };
+        let Some(block) = NonNull::new(lists.heads[class]) else {
+            self.leave();
+            return None;
+        };
+        // SAFETY: a listed block is a live allocation of at least 64 bytes, aligned to 16,
+        // owned by this slot, whose first word holds the next block of the list.
+        lists.heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+        let len = &self.lens[class];
+        len.store(len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        self.leave();
+        let t = &self.tally;
+        bump(&t.allocated[usage.index()], bytes as u64);
+        bump(&t.allocations, 1);
+        m.level = level;
+        Some(block)
+    }
+
+    /// Owner: [`Slot::freed`] and [`Slot::keep`] of a block of `class` and `bytes` in one,
+    /// if neither needs cold work (publishing the figures, or a list at its cap, or a
+    /// recall under way); `false` changes nothing.
+    #[inline(always)]
+    pub(super) fn try_keep(
+        &self,
+        class: usize,
+        block: NonNull<u8>,
+        bytes: usize,
+        usage: Usage,
+    ) -> bool {
+        // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
+        let m = unsafe { &mut *self.mark.get() };
+        let level = m.level - bytes as isize;
+        if level < m.fall || !self.enter() {
+            return false;
+        }
+        // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
+        let lists = unsafe { &mut *self.lists.get() };
+        let len = &self.lens[class];
+        let n = len.load(Ordering::Relaxed);
+        if n >= lists.caps[class] {
+            self.leave();
+            return false;
+        }
+        // SAFETY: the caller owns `block`, a pool block of at least 64 bytes aligned to 16:
+        // its first word is ours to overwrite with the link.
+        unsafe { block.as_ptr().cast::<*mut u8>().write(lists.heads[class]) };
+        lists.heads[class] = block.as_ptr();
+        len.store(n + 1, Ordering::Relaxed);
+        self.leave();
+        let t = &self.tally;
+        bump(&t.freed[usage.index()], bytes as u64);
+        bump(&t.deallocations, 1);
+        m.level = level;
+        true
+    }
+
     /// Owner: a block or reservation of `bytes` for `usage` came back.
     #[inline(always)]
     pub(super) fn freed(&self, books: &Books, bytes: usize, usage: Usage) {
@@ -570,6 +638,21 @@ pub(super) fn with_slot<R>(core: &Core, f: impl FnOnce(&Slot) -> R) -> Option<R>
     }
 }
 
+/// This thread's slot for `core` if it is the one it used last (one thread-local load,
+/// no lookup); `None` otherwise, even if it has one.
+#[inline(always)]
+pub(super) fn cached_slot(core: &Core) -> Option<NonNull<Slot>> {
+    #[cfg(not(ndmem_loom))]
+    {
+        thread::last(core)
+    }
+    #[cfg(ndmem_loom)]
+    {
+        let _ = core;
+        None
+    }
+}
+
 /// Gives this thread a slot for `core` (if it has none and the heap can spare one): on
 /// failure the thread simply keeps using the shared classes.
 #[cfg(not(ndmem_loom))]
@@ -619,6 +702,16 @@ mod thread {
             return NonNull::new(last_slot.cast_mut());
         }
         find_slow(core)
+    }
+
+    /// This thread's slot for `core` if `core` is the pool it used last.
+    #[inline(always)]
+    pub(super) fn last(core: &Core) -> Option<NonNull<Slot>> {
+        let (last_core, last_slot) = LAST.with(Cell::get);
+        if ptr::eq(last_core, core) {
+            return NonNull::new(last_slot.cast_mut());
+        }
+        None
     }
 
     #[cold]

@@ -213,18 +213,54 @@ impl Pool {
     ) -> Result<Block<'_>, AllocError> {
         let fit = fit(size, align)?;
         let core = &*self.core;
+        // The fast path: no call, so the caller's frame stays as small as the work.
         if fit.class != NO_CLASS {
-            let class = usize::from(fit.class);
+            if let Some(slot) = local::cached_slot(core) {
+                // SAFETY: `cached_slot` names this thread's live slot for `core`, which
+                // only this thread removes, and not during this call.
+                let slot = unsafe { slot.as_ref() };
+                if let Some(ptr) = slot.try_take(usize::from(fit.class), fit.capacity, usage) {
+                    return Ok(self.block(
+                        ptr,
+                        size,
+                        fit.capacity,
+                        fit.class,
+                        usage,
+                        zeroed,
+                        false,
+                    ));
+                }
+            }
+        }
+        self.allocate_cold(size, fit.capacity, fit.class, usage, zeroed)
+    }
+
+    /// [`Pool::allocate_inner`] off its fast path: the thread's slot looked up in full (its
+    /// list's cap raised on a miss, the figures published past their batch), then
+    /// [`Pool::allocate_slow`].
+    #[cold]
+    #[inline(never)]
+    fn allocate_cold(
+        &self,
+        size: usize,
+        capacity: usize,
+        class_id: u8,
+        usage: Usage,
+        zeroed: bool,
+    ) -> Result<Block<'_>, AllocError> {
+        let core = &*self.core;
+        if class_id != NO_CLASS {
+            let class = usize::from(class_id);
             let hit = local::with_slot(core, |slot| {
-                let ptr = slot.take(class, fit.capacity, &core.local)?;
-                slot.live(&core.local, &core.books, fit.capacity, usage, true);
+                let ptr = slot.take(class, capacity, &core.local)?;
+                slot.live(&core.local, &core.books, capacity, usage, true);
                 Some(ptr)
             });
             if let Some(Some(ptr)) = hit {
-                return Ok(self.block(ptr, size, fit.capacity, fit.class, usage, zeroed, false));
+                return Ok(self.block(ptr, size, capacity, class_id, usage, zeroed, false));
             }
         }
-        self.allocate_slow(size, fit.capacity, fit.class, usage, zeroed)
+        self.allocate_slow(size, capacity, class_id, usage, zeroed)
     }
 
     /// A block from the shared classes or the OS (registering this thread's cache first if
@@ -311,6 +347,27 @@ impl Pool {
     /// `class` is the block's class ([`NO_CLASS`] for blocks never cached).
     #[inline(always)]
     fn release(&self, ptr: NonNull<u8>, capacity: usize, class: u8, usage: Usage) {
+        let core = &*self.core;
+        // The fast path: no call, so the caller's frame stays as small as the work.
+        if class != NO_CLASS && !crate::trace::is_on() {
+            if let Some(slot) = local::cached_slot(core) {
+                // SAFETY: `cached_slot` names this thread's live slot for `core`, which
+                // only this thread removes, and not during this call.
+                let slot = unsafe { slot.as_ref() };
+                if slot.try_keep(usize::from(class), ptr, capacity, usage) {
+                    return;
+                }
+            }
+        }
+        self.release_slow(ptr, capacity, class, usage);
+    }
+
+    /// [`Pool::release`] off its fast path: the thread's slot looked up in full, the
+    /// statistics published if they passed their batch, and a block the thread cannot
+    /// keep given to the shared classes.
+    #[cold]
+    #[inline(never)]
+    fn release_slow(&self, ptr: NonNull<u8>, capacity: usize, class: u8, usage: Usage) {
         let core = &*self.core;
         if crate::trace::is_on() {
             core.traced(EventKind::Free, capacity);
