@@ -7,6 +7,13 @@
 //! list while the list is shorter than its cap, and the thread's next request of that class
 //! takes it back: neither touches a lock or a cache line another thread writes.
 //!
+//! The hit paths are [`Slot::try_take`] and [`Slot::try_keep`], on the slot the thread used
+//! last (one thread-local load names it). They decline, changing nothing, whenever the
+//! operation needs anything else (a lookup, an empty list or a full one, a recall under
+//! way, figures to publish), and the general path runs in a cold function instead; so an
+//! inlined allocation or free is straight-line code with no call, and the caller's frame
+//! stays as small as the work.
+//!
 //! Caps are learned, and they carry the byte bound. Every list starts with a cap of 0; each
 //! time its thread finds it empty, the cap grows by one block, as long as the caps of all
 //! the slot's lists, in bytes, stay within the pool's per-thread bound. A miss means every
