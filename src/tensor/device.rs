@@ -78,10 +78,6 @@ impl Tensor {
         )
     }
 
-    fn is_contiguous(&self) -> bool {
-        contiguous_strides("contiguous", &self.shape).is_ok_and(|s| s == self.strides)
-    }
-
     /// The device a binary op runs on: the first operand's, else the second's.
     fn op_device(&self, other: Option<&Tensor>) -> Option<Device> {
         self.device().or_else(|| other.and_then(Tensor::device))

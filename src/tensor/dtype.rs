@@ -62,6 +62,9 @@ pub(crate) mod sealed {
         fn div_checked(self, other: Self) -> Option<Self>;
         /// The sum of `values`: ndarray's `sum` for floats, a wrapping sum for integers.
         fn sum_of(values: ndarray::ArrayViewD<'_, Self>) -> Self;
+        /// [`Sealed::sum_of`] of contiguous `values`, bit for bit (for floats, ndarray's
+        /// eightfold unrolled sum, which is what its `sum` runs on a contiguous array).
+        fn sum_slice(values: &[Self]) -> Self;
         /// The mean of `values` (`None` if empty): ndarray's `mean` for floats; for
         /// integers the `f64` mean converted back like `as`.
         fn mean_of(values: ndarray::ArrayViewD<'_, Self>) -> Option<Self>;
@@ -90,6 +93,10 @@ macro_rules! sealed_float {
             #[inline]
             fn sum_of(values: ndarray::ArrayViewD<'_, Self>) -> Self {
                 values.sum()
+            }
+            #[inline]
+            fn sum_slice(values: &[Self]) -> Self {
+                ndarray::ArrayView1::from(values).sum()
             }
             #[inline]
             fn mean_of(values: ndarray::ArrayViewD<'_, Self>) -> Option<Self> {
@@ -121,6 +128,10 @@ macro_rules! sealed_int {
             #[inline]
             fn sum_of(values: ndarray::ArrayViewD<'_, Self>) -> Self {
                 values.fold(0, |acc, v| acc.wrapping_add(*v))
+            }
+            #[inline]
+            fn sum_slice(values: &[Self]) -> Self {
+                values.iter().fold(0, |acc, v| acc.wrapping_add(*v))
             }
             #[inline]
             fn mean_of(values: ndarray::ArrayViewD<'_, Self>) -> Option<Self> {

@@ -366,6 +366,23 @@ impl Tensor {
         placement: Placement<'_>,
         fill: impl FnOnce(ArrayViewMutD<'_, T>) -> Result<()>,
     ) -> Result<Tensor> {
+        Self::build_flat::<T>(op, shape, placement, |data| {
+            let view = ArrayViewMutD::from_shape(IxDyn(shape), data).map_err(|e| Error::Shape {
+                op: op.into(),
+                message: format!("shape {shape:?} cannot be laid out: {e}"),
+            })?;
+            fill(view)
+        })
+    }
+
+    /// [`Tensor::build`] handing `fill` the new tensor's elements as a slice, in row-major
+    /// order (the op's fast path for contiguous operands: no ndarray view to build).
+    pub(crate) fn build_flat<T: Element>(
+        op: &str,
+        shape: &[usize],
+        placement: Placement<'_>,
+        fill: impl FnOnce(&mut [T]) -> Result<()>,
+    ) -> Result<Tensor> {
         let n = element_count(op, shape, size_of::<T>())?;
         let strides = contiguous_strides(op, shape)?;
         // Cannot overflow: element_count bounds it by isize::MAX.
@@ -374,13 +391,7 @@ impl Tensor {
             NewStorage::allocate(op, bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
         {
             let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut(op)?);
-            let view = ArrayViewMutD::from_shape(IxDyn(shape), &mut data[..n]).map_err(|e| {
-                Error::Shape {
-                    op: op.into(),
-                    message: format!("shape {shape:?} cannot be laid out: {e}"),
-                }
-            })?;
-            fill(view)?;
+            fill(&mut data[..n])?;
         }
         Ok(Tensor {
             storage: storage.share(op)?,
@@ -499,6 +510,34 @@ impl Tensor {
         self.view_of(bytes, op, arg)
     }
 
+    /// Whether the elements are laid out row-major without gaps from `offset` on (the
+    /// strides a fresh tensor of this shape has; axes of length 1 may have any stride).
+    pub(crate) fn is_contiguous(&self) -> bool {
+        let mut step = 1usize;
+        for (&dim, &stride) in self.shape.iter().zip(&self.strides).rev() {
+            if dim != 1 && stride != step {
+                return false;
+            }
+            step = step.saturating_mul(dim);
+        }
+        true
+    }
+
+    /// The checked elements in row-major order, when they are contiguous
+    /// ([`Tensor::is_contiguous`]); `None` otherwise (the caller takes the ndarray path).
+    pub(crate) fn flat<'a, T: Element>(
+        &'a self,
+        op: &str,
+        arg: &str,
+        pin: &'a Pin,
+    ) -> Result<Option<&'a [T]>> {
+        if !self.is_contiguous() {
+            return Ok(None);
+        }
+        let data = self.elements::<T>(op, arg, pin)?;
+        Ok(data.get(..self.len()))
+    }
+
     /// The checked elements of this tensor's memory from its first one on (index them with
     /// its strides), for as long as `pin` lives; empty for an empty tensor.
     pub(crate) fn elements<'a, T: Element>(
@@ -602,6 +641,12 @@ impl Tensor {
     fn copy_to(&self, op: &str, placement: Placement<'_>) -> Result<Tensor> {
         with_dtype!(self.dtype, T => {
             let pin = reclaim::pin();
+            if let Some(source) = self.flat::<T>(op, "X", &pin)? {
+                return Self::build_flat::<T>(op, &self.shape, placement, |out| {
+                    out.copy_from_slice(source);
+                    Ok(())
+                });
+            }
             let source = self.array::<T>(op, "X", &pin)?;
             Self::build::<T>(op, &self.shape, placement, |mut out| {
                 out.assign(&source);

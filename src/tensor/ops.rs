@@ -105,6 +105,22 @@ impl Tensor {
         self.same_dtype(op, other)?;
         let shape = broadcast_shape(op, &self.shape, &other.shape)?;
         let pin = reclaim::pin();
+        if let Some(repeat) = Repeat::of(&shape, &self.shape, &other.shape) {
+            if let (Some(x), Some(y)) = (
+                self.flat::<T>(op, "X", &pin)?,
+                other.flat::<T>(op, "Y", &pin)?,
+            ) {
+                return Tensor::build_flat::<T>(
+                    op,
+                    &shape,
+                    Placement::Auto(Some(&*self.storage)),
+                    |out| {
+                        repeat.zip(out, x, y, &f);
+                        verdict()
+                    },
+                );
+            }
+        }
         let x = self.array::<T>(op, "X", &pin)?;
         let y = other.array::<T>(op, "Y", &pin)?;
         Tensor::build::<T>(
@@ -125,6 +141,19 @@ impl Tensor {
     /// Elementwise `f(x)`.
     fn map<T: Element, U: Element>(&self, op: &str, f: impl Fn(T) -> U) -> Result<Tensor> {
         let pin = reclaim::pin();
+        if let Some(x) = self.flat::<T>(op, "X", &pin)? {
+            return Tensor::build_flat::<U>(
+                op,
+                &self.shape,
+                Placement::Auto(Some(&*self.storage)),
+                |out| {
+                    for (o, &a) in out.iter_mut().zip(x) {
+                        *o = f(a);
+                    }
+                    Ok(())
+                },
+            );
+        }
         let x = self.array::<T>(op, "X", &pin)?;
         Tensor::build::<U>(
             op,
@@ -326,6 +355,11 @@ impl Tensor {
             });
         }
         let pin = reclaim::pin();
+        if !mean {
+            if let Some(x) = self.flat::<T>(op, "X", &pin)? {
+                return self.sum_flat(op, x, axis);
+            }
+        }
         let x = self.array::<T>(op, "X", &pin)?;
         let reduce_lane = |lane: ArrayViewD<'_, T>| -> T {
             if mean {
@@ -359,6 +393,55 @@ impl Tensor {
                 )
             }
         }
+    }
+
+    /// [`Tensor::sum`] of this tensor's contiguous elements `x`, bit for bit what the
+    /// ndarray path computes: a lane whose elements are adjacent (the last axis, or the
+    /// whole tensor) by [`Element::sum_slice`], as ndarray's `sum` does a contiguous lane;
+    /// a strided lane by adding its elements in order from zero, as ndarray does one that
+    /// is not, here a row at a time into the whole output row.
+    fn sum_flat<T: Element>(&self, op: &str, x: &[T], axis: Option<usize>) -> Result<Tensor> {
+        let placement = Placement::Auto(Some(&*self.storage));
+        let Some(axis) = axis else {
+            let value = T::sum_slice(x);
+            return Tensor::build_flat::<T>(op, &[], placement, |out| {
+                out.fill(value);
+                Ok(())
+            });
+        };
+        let lanes = self.shape[axis];
+        let inner: usize = self.shape[axis + 1..].iter().product();
+        let mut shape = self.shape.clone();
+        shape.remove(axis);
+        Tensor::build_flat::<T>(op, &shape, placement, |out| {
+            if out.is_empty() {
+                return Ok(());
+            }
+            if lanes == 0 {
+                out.fill(T::sum_slice(&[]));
+            } else if inner == 1 {
+                for (o, lane) in out.iter_mut().zip(x.chunks_exact(lanes)) {
+                    *o = T::sum_slice(lane);
+                }
+            } else if lanes == 1 {
+                for (o, v) in out.iter_mut().zip(x) {
+                    *o = T::sum_slice(std::slice::from_ref(v));
+                }
+            } else {
+                for (o, block) in out
+                    .chunks_exact_mut(inner)
+                    .zip(x.chunks_exact(lanes * inner))
+                {
+                    o.fill(T::zero());
+                    for row in block.chunks_exact(inner) {
+                        for (o, &v) in o.iter_mut().zip(row) {
+                            *o = o.add_wrapping(v);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Index of the largest element along `axis` (an `i64` tensor without that axis; the
@@ -409,6 +492,20 @@ impl Tensor {
     fn softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
         check_axis("softmax", axis, self.ndim())?;
         let pin = reclaim::pin();
+        if axis + 1 == self.ndim() {
+            if let Some(x) = self.flat::<T>("softmax", "X", &pin)? {
+                return self.last_axis_lanes("softmax", x, |o, lane| {
+                    let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
+                    for (o, &v) in o.iter_mut().zip(lane) {
+                        *o = (v - max).exp();
+                    }
+                    let total = T::sum_slice(o);
+                    for o in o.iter_mut() {
+                        *o /= total;
+                    }
+                });
+            }
+        }
         let x = self.array::<T>("softmax", "X", &pin)?;
         Tensor::build::<T>(
             "softmax",
@@ -447,6 +544,20 @@ impl Tensor {
     fn log_softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
         check_axis("log_softmax", axis, self.ndim())?;
         let pin = reclaim::pin();
+        if axis + 1 == self.ndim() {
+            if let Some(x) = self.flat::<T>("log_softmax", "X", &pin)? {
+                return self.last_axis_lanes("log_softmax", x, |o, lane| {
+                    let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
+                    for (o, &v) in o.iter_mut().zip(lane) {
+                        *o = (v - max).exp();
+                    }
+                    let shift = max + T::sum_slice(o).ln();
+                    for (o, &v) in o.iter_mut().zip(lane) {
+                        *o = v - shift;
+                    }
+                });
+            }
+        }
         let x = self.array::<T>("log_softmax", "X", &pin)?;
         Tensor::build::<T>(
             "log_softmax",
@@ -465,6 +576,31 @@ impl Tensor {
                             .and(&lane)
                             .for_each(|o, &v| *o = v - shift);
                     });
+                Ok(())
+            },
+        )
+    }
+
+    /// A tensor of this one's shape whose every lane along the last axis is `lane(out,
+    /// x)` of the matching lane of the contiguous elements `x` (the softmax kernels' fast
+    /// path: the same arithmetic, in the same order, as on ndarray lanes).
+    fn last_axis_lanes<T: Element>(
+        &self,
+        op: &str,
+        x: &[T],
+        lane: impl Fn(&mut [T], &[T]),
+    ) -> Result<Tensor> {
+        let width = self.shape.last().copied().unwrap_or(1);
+        Tensor::build_flat::<T>(
+            op,
+            &self.shape,
+            Placement::Auto(Some(&*self.storage)),
+            |out| {
+                if width > 0 {
+                    for (o, x) in out.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
+                        lane(o, x);
+                    }
+                }
                 Ok(())
             },
         )
@@ -558,6 +694,27 @@ impl Tensor {
             });
         }
         let pin = reclaim::pin();
+        if src.shape[..] == self.shape[..] && self.is_contiguous() {
+            if let Some(source) = src.flat::<T>(op, "Y", &pin)? {
+                let (offset, n) = (self.offset, self.len());
+                // `src` cannot alias: a second handle to this memory makes this refuse.
+                let bytes = Owned::write_exclusive(&mut self.storage, op, &pin)?;
+                let data: &mut [T] = bytemuck::cast_slice_mut(bytes);
+                let dest = data
+                    .get_mut(offset..offset + n)
+                    .ok_or_else(|| Error::Shape {
+                        op: op.into(),
+                        message: format!(
+                            "X argument's shape {:?} does not fit its memory",
+                            self.shape
+                        ),
+                    })?;
+                for (d, &s) in dest.iter_mut().zip(source) {
+                    *d = f(*d, s);
+                }
+                return Ok(());
+            }
+        }
         let source = src.array::<T>(op, "Y", &pin)?;
         // `src` cannot alias: a second handle to this memory makes the write below refuse.
         let (shape, strides, offset) = (self.shape.clone(), self.strides.clone(), self.offset);
@@ -655,6 +812,62 @@ impl Tensor {
 /// registers over all of `p`, then stored. Each `c[i, j]` starts at zero and adds
 /// `a[i, p] * b[p, j]` for `p` in order (integers wrap), so the result depends only on the
 /// values, never on the tiling.
+/// How the operands of an elementwise op on contiguous elements line up with its output,
+/// when one of them repeats whole (the fast path of [`Tensor::zip_with`]): the other has
+/// the output's shape, and this one's shape, less leading axes of length 1, is the
+/// output's trailing axes (a bias row added to every row of a batch, a scalar to every
+/// element). Other broadcasts take the ndarray path.
+#[derive(Clone, Copy)]
+enum Repeat {
+    /// Both operands have the output's shape.
+    Neither,
+    /// X has the output's shape; Y repeats every `n` elements.
+    Y(usize),
+    /// Y has the output's shape; X repeats every `n` elements.
+    X(usize),
+}
+
+impl Repeat {
+    fn of(out: &[usize], x: &[usize], y: &[usize]) -> Option<Repeat> {
+        let repeats = |small: &[usize]| -> Option<usize> {
+            let first = small.iter().position(|&d| d != 1).unwrap_or(small.len());
+            let tail = &small[first..];
+            out.ends_with(tail).then(|| tail.iter().product())
+        };
+        match (x == out, y == out) {
+            (true, true) => Some(Repeat::Neither),
+            (true, false) => repeats(y).filter(|&n| n > 0).map(Repeat::Y),
+            (false, true) => repeats(x).filter(|&n| n > 0).map(Repeat::X),
+            (false, false) => None,
+        }
+    }
+
+    /// `out[i] = f(x[i], y[i])`, the repeating operand indexed modulo its length.
+    fn zip<T: Copy>(self, out: &mut [T], x: &[T], y: &[T], f: &impl Fn(T, T) -> T) {
+        match self {
+            Repeat::Neither => {
+                for ((o, &a), &b) in out.iter_mut().zip(x).zip(y) {
+                    *o = f(a, b);
+                }
+            }
+            Repeat::Y(n) => {
+                for (o, a) in out.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
+                    for ((o, &a), &b) in o.iter_mut().zip(a).zip(y) {
+                        *o = f(a, b);
+                    }
+                }
+            }
+            Repeat::X(n) => {
+                for (o, b) in out.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
+                    for ((o, &a), &b) in o.iter_mut().zip(x).zip(b) {
+                        *o = f(a, b);
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn small_matmul<T: Element>(
     a: &[T],
     a_strides: (usize, usize),

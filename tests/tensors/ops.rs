@@ -589,3 +589,75 @@ macro_rules! every_op_matches_ndarray {
 
 every_op_matches_ndarray!(every_op_matches_ndarray_f32, f32, 1e-5);
 every_op_matches_ndarray!(every_op_matches_ndarray_f64, f64, 1e-12);
+
+/// The same values laid out as a strided view: `t`'s transpose copied out, then
+/// transposed back (equal elements, strides that are not row-major), so ops on it take
+/// ndarray's path where `t` takes the contiguous one.
+fn strided(t: &Tensor) -> Tensor {
+    let view = t
+        .transpose()
+        .unwrap()
+        .detach()
+        .unwrap()
+        .transpose()
+        .unwrap();
+    assert_eq!(view.to_vec::<f32>().unwrap(), t.to_vec::<f32>().unwrap());
+    view
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+/// Contiguous operands take a path over plain slices and strided ones ndarray's: both
+/// give the same bits, for shapes whose lanes are shorter and longer than ndarray's unroll
+/// of 8, with a bias row and a scalar broadcast. A sum's bits depend on the order it adds
+/// in, which ndarray picks from the layout (its unrolled order for adjacent elements, in
+/// order from zero for strided ones): the contiguous path's sums equal ndarray's on the
+/// same row-major layout, lane by lane.
+#[test]
+fn contiguous_and_strided_operands_give_the_same_bits() {
+    for (rows, cols) in [(16, 32), (16, 3), (5, 37), (1, 9), (9, 1)] {
+        let x = Tensor::rand(DType::F32, &[rows, cols], 7).unwrap();
+        let y = Tensor::rand(DType::F32, &[rows, cols], 8).unwrap();
+        let row = Tensor::rand(DType::F32, &[cols], 9).unwrap();
+        let one = Tensor::rand(DType::F32, &[1, 1], 10).unwrap();
+        let (xs, ys) = (strided(&x), strided(&y));
+        let what = format!("{rows}x{cols}");
+        let same = |op: &str, fast: Tensor, slow: Tensor| {
+            assert_eq!(fast.shape(), slow.shape(), "{what} {op}");
+            assert_eq!(bits(&fast), bits(&slow), "{what} {op}");
+        };
+        let a = arr::<f32>(&x);
+        let lanes = |axis: usize| -> Vec<u32> {
+            a.lanes(Axis(axis))
+                .into_iter()
+                .map(|lane| lane.sum().to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&x.sum(None).unwrap()), [a.sum().to_bits()], "{what}");
+        assert_eq!(bits(&x.sum(Some(0)).unwrap()), lanes(0), "{what} sum 0");
+        assert_eq!(bits(&x.sum(Some(1)).unwrap()), lanes(1), "{what} sum 1");
+        same("add", x.add(&y).unwrap(), xs.add(&ys).unwrap());
+        same("sub row", x.sub(&row).unwrap(), xs.sub(&row).unwrap());
+        same("row div", row.div(&x).unwrap(), row.div(&xs).unwrap());
+        same("mul one", x.mul(&one).unwrap(), xs.mul(&one).unwrap());
+        same("exp", x.exp().unwrap(), xs.exp().unwrap());
+        same("softmax", x.softmax(1).unwrap(), xs.softmax(1).unwrap());
+        same(
+            "log_softmax",
+            x.log_softmax(1).unwrap(),
+            xs.log_softmax(1).unwrap(),
+        );
+        same("detach", x.detach().unwrap(), xs.detach().unwrap());
+        let mut fast = x.detach().unwrap();
+        fast.scaled_add(-0.1, &y).unwrap();
+        let mut slow = x.detach().unwrap();
+        slow.scaled_add(-0.1, &ys).unwrap();
+        same("scaled_add", fast, slow);
+    }
+}
