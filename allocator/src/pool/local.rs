@@ -219,20 +219,36 @@ impl Slot {
         if !self.enter() {
             return None; // being recalled: this request goes to the shared classes
         }
-        // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
-        let lists = unsafe { &mut *self.lists.get() };
-        let block = NonNull::new(lists.heads[class]);
-        if let Some(block) = block {
-            // SAFETY: a listed block is a live allocation of at least 64 bytes, aligned to
-            // 16, owned by this slot, whose first word holds the next block of the list.
-            lists.heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
-            let len = &self.lens[class];
-            len.store(len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
-        } else {
-            grow(lists, class, capacity, registry.bound());
+        // SAFETY: the owner is inside (just entered).
+        let block = unsafe { self.pop(class) };
+        if block.is_none() {
+            // SAFETY: the owner is inside: nobody else touches the lists.
+            grow(
+                unsafe { &mut *self.lists.get() },
+                class,
+                capacity,
+                registry.bound(),
+            );
         }
         self.leave();
         block
+    }
+
+    /// Owner, inside the slot: takes the first block of `class`'s list, if any.
+    ///
+    /// # Safety
+    /// The caller is the owner and has entered the slot ([`Slot::enter`]) and not left.
+    #[inline(always)]
+    unsafe fn pop(&self, class: usize) -> Option<NonNull<u8>> {
+        // SAFETY: the owner is inside (the caller's contract): nobody else touches the lists.
+        let lists = unsafe { &mut *self.lists.get() };
+        let block = NonNull::new(lists.heads[class])?;
+        // SAFETY: a listed block is a live allocation of at least 64 bytes, aligned to 16,
+        // owned by this slot, whose first word holds the next block of the list.
+        lists.heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+        let len = &self.lens[class];
+        len.store(len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        Some(block)
     }
 
     /// Owner: keeps `block` (of `class`, owned by the caller) on the lists if its list is
@@ -373,18 +389,10 @@ impl Slot {
         if level > self.rise.load(Ordering::Acquire) || !self.enter() {
             return None;
         }
-        // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
-        let lists = unsafe { &mut *self.lists.get() };
-        let Some(block) = NonNull::new(lists.heads[class]) else {
-            self.leave();
-            return None;
-        };
-        // SAFETY: a listed block is a live allocation of at least 64 bytes, aligned to 16,
-        // owned by this slot, whose first word holds the next block of the list.
-        lists.heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
-        let len = &self.lens[class];
-        len.store(len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        // SAFETY: the owner is inside (just entered).
+        let block = unsafe { self.pop(class) };
         self.leave();
+        let block = block?;
         let t = &self.tally;
         bump(&t.allocated[usage.index()], bytes as u64);
         bump(&t.allocations, 1);
@@ -406,23 +414,9 @@ impl Slot {
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         let level = m.level - bytes as isize;
-        if level < m.fall || !self.enter() {
+        if level < m.fall || !self.keep(class, block) {
             return false;
         }
-        // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
-        let lists = unsafe { &mut *self.lists.get() };
-        let len = &self.lens[class];
-        let n = len.load(Ordering::Relaxed);
-        if n >= lists.caps[class] {
-            self.leave();
-            return false;
-        }
-        // SAFETY: the caller owns `block`, a pool block of at least 64 bytes aligned to 16:
-        // its first word is ours to overwrite with the link.
-        unsafe { block.as_ptr().cast::<*mut u8>().write(lists.heads[class]) };
-        lists.heads[class] = block.as_ptr();
-        len.store(n + 1, Ordering::Relaxed);
-        self.leave();
         let t = &self.tally;
         bump(&t.freed[usage.index()], bytes as u64);
         bump(&t.deallocations, 1);

@@ -232,15 +232,16 @@ impl Pool {
                 }
             }
         }
-        self.allocate_cold(size, fit.capacity, fit.class, usage, zeroed)
+        self.allocate_slow(size, fit.capacity, fit.class, usage, zeroed)
     }
 
     /// [`Pool::allocate_inner`] off its fast path: the thread's slot looked up in full (its
-    /// list's cap raised on a miss, the figures published past their batch), then
-    /// [`Pool::allocate_slow`].
+    /// list's cap raised on a miss, the figures published past their batch), then a block
+    /// from the shared classes or the OS (registering this thread's cache first if it has
+    /// none).
     #[cold]
     #[inline(never)]
-    fn allocate_cold(
+    fn allocate_slow(
         &self,
         size: usize,
         capacity: usize,
@@ -260,21 +261,6 @@ impl Pool {
                 return Ok(self.block(ptr, size, capacity, class_id, usage, zeroed, false));
             }
         }
-        self.allocate_slow(size, capacity, class_id, usage, zeroed)
-    }
-
-    /// A block from the shared classes or the OS (registering this thread's cache first if
-    /// it has none).
-    #[inline(never)]
-    fn allocate_slow(
-        &self,
-        size: usize,
-        capacity: usize,
-        class_id: u8,
-        usage: Usage,
-        zeroed: bool,
-    ) -> Result<Block<'_>, AllocError> {
-        let core = &*self.core;
         core.check_config()?;
         let class = (class_id != NO_CLASS).then_some(usize::from(class_id));
         if let Some(c) = class {
