@@ -884,14 +884,18 @@ fn small_matmul<T: Element>(
         k,
         n,
     };
-    let mut i = 0;
-    while i + 4 <= m {
-        operands.row_block::<4>(i, c);
-        i += 4;
+    if k == 0 {
+        // An empty sum: the operands may have no elements to slice rows from.
+        c.fill(T::zero());
+        return;
     }
-    while i < m {
-        operands.row_block::<1>(i, c);
-        i += 1;
+    // One copy of the kernel for each layout that lets it slice rows instead of indexing
+    // element by element: the arithmetic, and so the result, is the same in all four.
+    match (operands.a_strides.1 == 1, operands.b_strides.1 == 1) {
+        (true, true) => operands.rows::<true, true>(m, c),
+        (true, false) => operands.rows::<true, false>(m, c),
+        (false, true) => operands.rows::<false, true>(m, c),
+        (false, false) => operands.rows::<false, false>(m, c),
     }
 }
 
@@ -906,34 +910,77 @@ struct Operands<'a, T> {
 }
 
 impl<T: Element> Operands<'_, T> {
-    /// Rows `i..i + R` of the product into `c`, in tiles 8, 4, 2 and 1 columns wide.
-    fn row_block<const R: usize>(&self, i: usize, c: &mut [T]) {
-        let mut j = 0;
-        while j + 8 <= self.n {
-            self.tile::<R, 8>(i, j, c);
-            j += 8;
+    /// All `m` rows of the product into `c`, four at a time. `A_ROWS`: A's rows are
+    /// contiguous (its column stride is 1); `B_ROWS`: B's are.
+    fn rows<const A_ROWS: bool, const B_ROWS: bool>(&self, m: usize, c: &mut [T]) {
+        let mut i = 0;
+        while i + 4 <= m {
+            self.row_block::<4, A_ROWS, B_ROWS>(i, c);
+            i += 4;
         }
-        if j + 4 <= self.n {
-            self.tile::<R, 4>(i, j, c);
-            j += 4;
-        }
-        if j + 2 <= self.n {
-            self.tile::<R, 2>(i, j, c);
-            j += 2;
-        }
-        if j < self.n {
-            self.tile::<R, 1>(i, j, c);
+        while i < m {
+            self.row_block::<1, A_ROWS, B_ROWS>(i, c);
+            i += 1;
         }
     }
 
-    /// `c[i..i + R, j..j + W]`, summed over `p` in order.
+    /// Rows `i..i + R` of the product into `c`, in tiles 8, 4, 2 and 1 columns wide.
+    fn row_block<const R: usize, const A_ROWS: bool, const B_ROWS: bool>(
+        &self,
+        i: usize,
+        c: &mut [T],
+    ) {
+        let mut j = 0;
+        while j + 8 <= self.n {
+            self.tile::<R, 8, A_ROWS, B_ROWS>(i, j, c);
+            j += 8;
+        }
+        if j + 4 <= self.n {
+            self.tile::<R, 4, A_ROWS, B_ROWS>(i, j, c);
+            j += 4;
+        }
+        if j + 2 <= self.n {
+            self.tile::<R, 2, A_ROWS, B_ROWS>(i, j, c);
+            j += 2;
+        }
+        if j < self.n {
+            self.tile::<R, 1, A_ROWS, B_ROWS>(i, j, c);
+        }
+    }
+
+    /// `c[i..i + R, j..j + W]`, summed over `p` in order. Contiguous rows are sliced once
+    /// (A's `R` rows for the tile, B's `W` elements at each `p`), so the loop indexes
+    /// within slices of known length and the compiler can keep it free of bounds checks
+    /// and vectorize it.
     #[inline(always)]
-    fn tile<const R: usize, const W: usize>(&self, i: usize, j: usize, c: &mut [T]) {
+    // `p` indexes A's rows, B's rows and both strides at once: no one iterator to zip.
+    #[allow(clippy::needless_range_loop)]
+    fn tile<const R: usize, const W: usize, const A_ROWS: bool, const B_ROWS: bool>(
+        &self,
+        i: usize,
+        j: usize,
+        c: &mut [T],
+    ) {
         let ((a0, a1), (b0, b1)) = (self.a_strides, self.b_strides);
+        let k = self.k;
+        let a_rows: [&[T]; R] = if A_ROWS {
+            std::array::from_fn(|r| &self.a[(i + r) * a0..][..k])
+        } else {
+            [&[]; R]
+        };
         let mut sums = [[T::zero(); W]; R];
-        for p in 0..self.k {
-            let x: [T; R] = std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1]);
-            let y: [T; W] = std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1]);
+        for p in 0..k {
+            let x: [T; R] = if A_ROWS {
+                std::array::from_fn(|r| a_rows[r][p])
+            } else {
+                std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1])
+            };
+            let y: [T; W] = if B_ROWS {
+                let row = &self.b[p * b0 + j..][..W];
+                std::array::from_fn(|q| row[q])
+            } else {
+                std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1])
+            };
             for (row, x) in sums.iter_mut().zip(x) {
                 for (sum, y) in row.iter_mut().zip(y) {
                     *sum = sum.add_wrapping(x.mul_wrapping(y));
