@@ -651,8 +651,7 @@ impl Tensor {
             (self.strides[0], self.strides[1]),
             (other.strides[0], other.strides[1]),
         );
-        Tensor::build::<T>("matmul", &shape, placement, |mut out| {
-            let c = out.as_slice_mut().expect("fresh outputs are contiguous");
+        Tensor::build_flat::<T>("matmul", &shape, placement, |c| {
             small_matmul(a, a_strides, b, b_strides, (m, k, n), c);
             Ok(())
         })
