@@ -1,6 +1,15 @@
 //! Tensor operations: shape logic here, kernels from ndarray (`Zip`, `sum`, `mean`,
 //! `general_mat_mul`; integer matmul and sums wrap, so they fold with wrapping arithmetic).
 //!
+//! Contiguous operands (row-major, the layout every op's output has) take a path over
+//! plain slices instead: elementwise ops where each operand has the output's shape or
+//! repeats whole along it (a bias row, a scalar), sums, softmax along the last axis, the
+//! in-place updates and copies, and the small matmul kernel. Building ndarray's
+//! dynamic-rank views and iterators cost more than the arithmetic at the sizes a training
+//! step uses. The slice path gives the bits ndarray gives on the same layout (the same
+//! operations in the same order; for sums, ndarray's unrolled order on adjacent elements
+//! and in order from zero on strided ones), which `tests/tensors/ops.rs` checks.
+//!
 //! Invariant: every op checks each input (by taking its checked view) and writes only into
 //! a fresh output, placed by the allocation flow with the first input's scope and memory
 //! source; no op mutates an input. Argument names follow ND4J's messages: `X`, `Y`.
