@@ -897,13 +897,38 @@ fn small_matmul<T: Element>(
         c.fill(T::zero());
         return;
     }
-    // One copy of the kernel for each layout that lets it slice rows instead of indexing
-    // element by element: the arithmetic, and so the result, is the same in all four.
-    match (operands.a_strides.1 == 1, operands.b_strides.1 == 1) {
-        (true, true) => operands.rows::<true, true>(m, c),
-        (true, false) => operands.rows::<true, false>(m, c),
-        (false, true) => operands.rows::<false, true>(m, c),
-        (false, false) => operands.rows::<false, false>(m, c),
+    // One copy of the kernel for each pair of layouts, so that it slices contiguous runs
+    // instead of indexing element by element: the arithmetic, and so the result, is the
+    // same in all of them.
+    let (a_layout, b_layout) = (layout(a_strides), layout(b_strides));
+    match (a_layout, b_layout) {
+        (ROWS, ROWS) => operands.rows::<ROWS, ROWS>(m, c),
+        (ROWS, COLUMNS) => operands.rows::<ROWS, COLUMNS>(m, c),
+        (ROWS, _) => operands.rows::<ROWS, STRIDED>(m, c),
+        (COLUMNS, ROWS) => operands.rows::<COLUMNS, ROWS>(m, c),
+        (COLUMNS, COLUMNS) => operands.rows::<COLUMNS, COLUMNS>(m, c),
+        (COLUMNS, _) => operands.rows::<COLUMNS, STRIDED>(m, c),
+        (_, ROWS) => operands.rows::<STRIDED, ROWS>(m, c),
+        (_, COLUMNS) => operands.rows::<STRIDED, COLUMNS>(m, c),
+        _ => operands.rows::<STRIDED, STRIDED>(m, c),
+    }
+}
+
+/// A matrix operand's layout, for [`small_matmul`]: its rows are contiguous (column
+/// stride 1), or its columns are (row stride 1: a transposed matrix), or neither.
+const ROWS: u8 = 0;
+/// See [`ROWS`].
+const COLUMNS: u8 = 1;
+/// See [`ROWS`].
+const STRIDED: u8 = 2;
+
+fn layout((row_stride, column_stride): (usize, usize)) -> u8 {
+    if column_stride == 1 {
+        ROWS
+    } else if row_stride == 1 {
+        COLUMNS
+    } else {
+        STRIDED
     }
 }
 
@@ -918,52 +943,48 @@ struct Operands<'a, T> {
 }
 
 impl<T: Element> Operands<'_, T> {
-    /// All `m` rows of the product into `c`, four at a time. `A_ROWS`: A's rows are
-    /// contiguous (its column stride is 1); `B_ROWS`: B's are.
-    fn rows<const A_ROWS: bool, const B_ROWS: bool>(&self, m: usize, c: &mut [T]) {
+    /// All `m` rows of the product into `c`, four at a time; `A` and `B` are the operands'
+    /// layouts ([`ROWS`], [`COLUMNS`] or [`STRIDED`]).
+    fn rows<const A: u8, const B: u8>(&self, m: usize, c: &mut [T]) {
         let mut i = 0;
         while i + 4 <= m {
-            self.row_block::<4, A_ROWS, B_ROWS>(i, c);
+            self.row_block::<4, A, B>(i, c);
             i += 4;
         }
         while i < m {
-            self.row_block::<1, A_ROWS, B_ROWS>(i, c);
+            self.row_block::<1, A, B>(i, c);
             i += 1;
         }
     }
 
     /// Rows `i..i + R` of the product into `c`, in tiles 8, 4, 2 and 1 columns wide.
-    fn row_block<const R: usize, const A_ROWS: bool, const B_ROWS: bool>(
-        &self,
-        i: usize,
-        c: &mut [T],
-    ) {
+    fn row_block<const R: usize, const A: u8, const B: u8>(&self, i: usize, c: &mut [T]) {
         let mut j = 0;
         while j + 8 <= self.n {
-            self.tile::<R, 8, A_ROWS, B_ROWS>(i, j, c);
+            self.tile::<R, 8, A, B>(i, j, c);
             j += 8;
         }
         if j + 4 <= self.n {
-            self.tile::<R, 4, A_ROWS, B_ROWS>(i, j, c);
+            self.tile::<R, 4, A, B>(i, j, c);
             j += 4;
         }
         if j + 2 <= self.n {
-            self.tile::<R, 2, A_ROWS, B_ROWS>(i, j, c);
+            self.tile::<R, 2, A, B>(i, j, c);
             j += 2;
         }
         if j < self.n {
-            self.tile::<R, 1, A_ROWS, B_ROWS>(i, j, c);
+            self.tile::<R, 1, A, B>(i, j, c);
         }
     }
 
-    /// `c[i..i + R, j..j + W]`, summed over `p` in order. Contiguous rows are sliced once
-    /// (A's `R` rows for the tile, B's `W` elements at each `p`), so the loop indexes
-    /// within slices of known length and the compiler can keep it free of bounds checks
-    /// and vectorize it.
+    /// `c[i..i + R, j..j + W]`, summed over `p` in order. Contiguous runs are sliced once
+    /// (A's `R` rows for the tile, or its `R` elements at each `p`; B's `W` elements at
+    /// each `p`, or its `W` columns for the tile), so the loop indexes within slices of
+    /// known length and the compiler can keep it free of bounds checks and vectorize it.
     #[inline(always)]
-    // `p` indexes A's rows, B's rows and both strides at once: no one iterator to zip.
+    // `p` indexes A's and B's runs and both strides at once: no one iterator to zip.
     #[allow(clippy::needless_range_loop)]
-    fn tile<const R: usize, const W: usize, const A_ROWS: bool, const B_ROWS: bool>(
+    fn tile<const R: usize, const W: usize, const A: u8, const B: u8>(
         &self,
         i: usize,
         j: usize,
@@ -971,23 +992,33 @@ impl<T: Element> Operands<'_, T> {
     ) {
         let ((a0, a1), (b0, b1)) = (self.a_strides, self.b_strides);
         let k = self.k;
-        let a_rows: [&[T]; R] = if A_ROWS {
+        let a_rows: [&[T]; R] = if A == ROWS {
             std::array::from_fn(|r| &self.a[(i + r) * a0..][..k])
         } else {
             [&[]; R]
         };
+        let b_columns: [&[T]; W] = if B == COLUMNS {
+            std::array::from_fn(|q| &self.b[(j + q) * b1..][..k])
+        } else {
+            [&[]; W]
+        };
         let mut sums = [[T::zero(); W]; R];
         for p in 0..k {
-            let x: [T; R] = if A_ROWS {
-                std::array::from_fn(|r| a_rows[r][p])
-            } else {
-                std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1])
+            let x: [T; R] = match A {
+                ROWS => std::array::from_fn(|r| a_rows[r][p]),
+                COLUMNS => {
+                    let run = &self.a[p * a1 + i..][..R];
+                    std::array::from_fn(|r| run[r])
+                }
+                _ => std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1]),
             };
-            let y: [T; W] = if B_ROWS {
-                let row = &self.b[p * b0 + j..][..W];
-                std::array::from_fn(|q| row[q])
-            } else {
-                std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1])
+            let y: [T; W] = match B {
+                ROWS => {
+                    let run = &self.b[p * b0 + j..][..W];
+                    std::array::from_fn(|q| run[q])
+                }
+                COLUMNS => std::array::from_fn(|q| b_columns[q][p]),
+                _ => std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1]),
             };
             for (row, x) in sums.iter_mut().zip(x) {
                 for (sum, y) in row.iter_mut().zip(y) {
