@@ -661,3 +661,56 @@ fn contiguous_and_strided_operands_give_the_same_bits() {
         same("scaled_add", fast, slow);
     }
 }
+
+/// The small matmul kernel has a copy for each pair of operand layouts (rows contiguous,
+/// columns contiguous, neither): every pair, at a shape that uses each tile width (8, 4,
+/// 2, 1 columns) and both row blocks (4 and 1 rows), gives the product of the same values
+/// bit for bit as summed over `k` in order from zero.
+#[test]
+fn matmul_gives_the_same_bits_for_every_operand_layout() {
+    let (m, k, n) = (6, 5, 15);
+    let a = Array2::from_shape_fn((m, k), |(i, p)| ((i * k + p) as f32 * 0.37).sin());
+    let b = Array2::from_shape_fn((k, n), |(p, j)| ((p * n + j) as f32 * 0.91).cos());
+    let product = |a: &Array2<f32>, b: &Array2<f32>| {
+        Array2::from_shape_fn((m, n), |(i, j)| {
+            (0..k).fold(0.0f32, |sum, p| sum + a[[i, p]] * b[[p, j]])
+        })
+        .into_dyn()
+    };
+    // A matrix as a contiguous tensor, and as the transpose of a contiguous copy of its
+    // transpose (columns contiguous); a constant matrix also as a broadcast scalar (both
+    // strides 0, neither rows nor columns contiguous).
+    let layouts = |x: &Array2<f32>| -> Vec<(String, Tensor, Array2<f32>)> {
+        let (r, c) = x.dim();
+        let xt = x.t().as_standard_layout().into_owned();
+        let scalar = Tensor::from_slice(&[0.75f32], &[1, 1]).unwrap();
+        vec![
+            (
+                "rows".into(),
+                Tensor::from_slice(x.as_slice().unwrap(), &[r, c]).unwrap(),
+                x.clone(),
+            ),
+            (
+                "columns".into(),
+                Tensor::from_slice(xt.as_slice().unwrap(), &[c, r])
+                    .unwrap()
+                    .transpose()
+                    .unwrap(),
+                x.clone(),
+            ),
+            (
+                "strided".into(),
+                scalar.broadcast_to(&[r, c]).unwrap(),
+                Array2::from_elem((r, c), 0.75),
+            ),
+        ]
+    };
+    for (a_name, ta, a_values) in layouts(&a) {
+        for (b_name, tb, b_values) in layouts(&b) {
+            let got = arr::<f32>(&ta.matmul(&tb).unwrap());
+            let expected = product(&a_values, &b_values);
+            let bits = |x: &ArrayD<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&expected), "A {a_name}, B {b_name}");
+        }
+    }
+}
