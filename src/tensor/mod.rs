@@ -518,7 +518,7 @@ impl Tensor {
             if dim != 1 && stride != step {
                 return false;
             }
-            step = step.saturating_mul(dim);
+            step = step.saturating_mul(dim.max(1));
         }
         true
     }
