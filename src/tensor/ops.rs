@@ -504,10 +504,7 @@ impl Tensor {
         if axis + 1 == self.ndim() {
             if let Some(x) = self.flat::<T>("softmax", "X", &pin)? {
                 return self.last_axis_lanes("softmax", x, |o, lane| {
-                    let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
-                    for (o, &v) in o.iter_mut().zip(lane) {
-                        *o = (v - max).exp();
-                    }
+                    exp_less_max(o, lane);
                     let total = T::sum_slice(o);
                     for o in o.iter_mut() {
                         *o /= total;
@@ -556,10 +553,7 @@ impl Tensor {
         if axis + 1 == self.ndim() {
             if let Some(x) = self.flat::<T>("log_softmax", "X", &pin)? {
                 return self.last_axis_lanes("log_softmax", x, |o, lane| {
-                    let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
-                    for (o, &v) in o.iter_mut().zip(lane) {
-                        *o = (v - max).exp();
-                    }
+                    let max = exp_less_max(o, lane);
                     let shift = max + T::sum_slice(o).ln();
                     for (o, &v) in o.iter_mut().zip(lane) {
                         *o = v - shift;
@@ -814,12 +808,16 @@ impl Tensor {
     }
 }
 
-/// `c = a @ b` for an `[m, k]` matrix `a` and a `[k, n]` matrix `b`, each given as its
-/// elements from its first one and its strides in elements, into the row-major `[m, n]`
-/// slice `c`, tile by tile: each tile of `c` (up to 4 rows by 8 columns) is summed in
-/// registers over all of `p`, then stored. Each `c[i, j]` starts at zero and adds
-/// `a[i, p] * b[p, j]` for `p` in order (integers wrap), so the result depends only on the
-/// values, never on the tiling.
+/// `o[i] = exp(lane[i] - max)` with `max` the lane's largest element (returned): the first
+/// half of both softmax kernels on a contiguous lane.
+fn exp_less_max<T: Float>(o: &mut [T], lane: &[T]) -> T {
+    let max = lane.iter().fold(T::neg_infinity(), |m, v| m.max(*v));
+    for (o, &v) in o.iter_mut().zip(lane) {
+        *o = (v - max).exp();
+    }
+    max
+}
+
 /// How the operands of an elementwise op on contiguous elements line up with its output,
 /// when one of them repeats whole (the fast path of [`Tensor::zip_with`]): the other has
 /// the output's shape, and this one's shape, less leading axes of length 1, is the
@@ -876,6 +874,12 @@ impl Repeat {
     }
 }
 
+/// `c = a @ b` for an `[m, k]` matrix `a` and a `[k, n]` matrix `b`, each given as its
+/// elements from its first one and its strides in elements, into the row-major `[m, n]`
+/// slice `c`, tile by tile: each tile of `c` (up to 4 rows by 8 columns) is summed in
+/// registers over all of `p`, then stored. Each `c[i, j]` starts at zero and adds
+/// `a[i, p] * b[p, j]` for `p` in order (integers wrap), so the result depends only on the
+/// values, never on the tiling.
 fn small_matmul<T: Element>(
     a: &[T],
     a_strides: (usize, usize),

@@ -158,6 +158,22 @@ fn bump(figure: &AtomicU64, n: u64) {
     );
 }
 
+impl Tally {
+    /// Counts an allocation of `bytes` for `usage`.
+    #[inline(always)]
+    fn count_allocation(&self, bytes: usize, usage: Usage) {
+        bump(&self.allocated[usage.index()], bytes as u64);
+        bump(&self.allocations, 1);
+    }
+
+    /// Counts a free of `bytes` for `usage`.
+    #[inline(always)]
+    fn count_free(&self, bytes: usize, usage: Usage) {
+        bump(&self.freed[usage.index()], bytes as u64);
+        bump(&self.deallocations, 1);
+    }
+}
+
 impl Slot {
     fn new(epoch: u64) -> Slot {
         Slot {
@@ -333,11 +349,9 @@ impl Slot {
         usage: Usage,
         hit: bool,
     ) {
-        let t = &self.tally;
-        bump(&t.allocated[usage.index()], bytes as u64);
-        bump(&t.allocations, 1);
+        self.tally.count_allocation(bytes, usage);
         if !hit {
-            bump(&t.misses, 1);
+            bump(&self.tally.misses, 1);
         }
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
@@ -393,9 +407,7 @@ impl Slot {
         let block = unsafe { self.pop(class) };
         self.leave();
         let block = block?;
-        let t = &self.tally;
-        bump(&t.allocated[usage.index()], bytes as u64);
-        bump(&t.allocations, 1);
+        self.tally.count_allocation(bytes, usage);
         m.level = level;
         Some(block)
     }
@@ -417,9 +429,7 @@ impl Slot {
         if level < m.fall || !self.keep(class, block) {
             return false;
         }
-        let t = &self.tally;
-        bump(&t.freed[usage.index()], bytes as u64);
-        bump(&t.deallocations, 1);
+        self.tally.count_free(bytes, usage);
         m.level = level;
         true
     }
@@ -427,9 +437,7 @@ impl Slot {
     /// Owner: a block or reservation of `bytes` for `usage` came back.
     #[inline(always)]
     pub(super) fn freed(&self, books: &Books, bytes: usize, usage: Usage) {
-        let t = &self.tally;
-        bump(&t.freed[usage.index()], bytes as u64);
-        bump(&t.deallocations, 1);
+        self.tally.count_free(bytes, usage);
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         m.level -= bytes as isize;
@@ -698,11 +706,7 @@ mod thread {
     /// This thread's slot for `core`, if it has one.
     #[inline(always)]
     pub(super) fn find(core: &Core) -> Option<NonNull<Slot>> {
-        let (last_core, last_slot) = LAST.with(Cell::get);
-        if ptr::eq(last_core, core) {
-            return NonNull::new(last_slot.cast_mut());
-        }
-        find_slow(core)
+        last(core).or_else(|| find_slow(core))
     }
 
     /// This thread's slot for `core` if `core` is the pool it used last.

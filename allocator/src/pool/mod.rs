@@ -418,13 +418,12 @@ impl Pool {
             .set_limit(limit)
             .map_err(|e| below_use(e.limit, e.used))?;
         let bound = thread_cache_bound(limit);
-        if bound < core.local.bound() {
+        let lowered = bound < core.local.bound();
+        core.local.set_bound(bound);
+        if lowered {
             // The threads' caps were learned under the higher bound: they start again.
-            core.local.set_bound(bound);
             core.local
                 .recall(|block, class| core.release_shared(block, class_size(class)));
-        } else {
-            core.local.set_bound(bound);
         }
         Ok(())
     }
