@@ -30,7 +30,7 @@ use crate::error::Error;
 use crate::memory::handoff::{Handoff, ViewEntry};
 use crate::memory::MemorySource;
 use crate::reclaim::{self, Pin};
-use crate::workspace::{Stamp, StampProbe, ViewPin, WorkspaceMemory};
+use crate::workspace::{cycle_word_passes, Stamp, StampProbe, ViewPin, WorkspaceMemory};
 
 /// Where one tensor's bytes live (views of a tensor share its home).
 pub(crate) enum Home {
@@ -143,9 +143,12 @@ impl Home {
     /// This home's validity check, to keep beside a handle to it (see [`Probe`]).
     pub(crate) fn probe(&self) -> Probe {
         match self {
-            Home::Workspace(slot) => Probe::Workspace(slot.stamp.probe()),
-            Home::Pool(block) => Probe::Handoff(NonNull::from(&block.handoff)),
-            Home::Device(home) => Probe::Handoff(NonNull::from(&home.handoff)),
+            Home::Workspace(slot) => match slot.stamp.probe() {
+                StampProbe::Cycle(word) => Probe::cycle(word),
+                StampProbe::Flag(flag) => Probe::handoff(flag),
+            },
+            Home::Pool(block) => Probe::handoff(NonNull::from(&block.handoff)),
+            Home::Device(home) => Probe::handoff(NonNull::from(&home.handoff)),
         }
     }
 
@@ -392,34 +395,50 @@ impl fmt::Debug for Home {
     }
 }
 
-/// [`Home::is_live`] without going through the home: the address of the word the check
-/// loads (a pool block's or device memory's hand-off, a workspace's state word) and what to compare it with.
-/// Kept beside a handle to the home, it saves the load of the home's own fields (for
-/// workspace memory, the stamp's `Arc`), so every kind of memory is checked with one load
-/// of the handle and one of the word.
+/// [`Home::is_live`] without going through the home, kept beside a handle to it: one word,
+/// so that every kind of memory is checked with one load of the handle and one more load.
+///
+/// The word is either the address of a hand-off (a pool block's, device memory's, or a
+/// circular workspace's destroyed flag; bit 0 clear, as the hand-off is aligned), live
+/// while not freed, or the cycle word of non-circular workspace memory (bit 0 set),
+/// live if the calling thread's table of open cycles holds it
+/// ([`crate::workspace::cycle_word_passes`]). One load of the word decides which.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Probe {
-    /// A pool block's or device memory's hand-off word: live while not freed.
-    Handoff(NonNull<Handoff>),
-    /// A workspace stamp's check.
-    Workspace(StampProbe),
-}
+pub(crate) struct Probe(*const Handoff);
+
+const _: () = assert!(
+    std::mem::align_of::<Handoff>() > 1,
+    "bit 0 tells the forms apart"
+);
 
 impl Probe {
-    /// [`Home::is_live`] of the home this probe was made from.
+    fn handoff(handoff: NonNull<Handoff>) -> Probe {
+        Probe(handoff.as_ptr())
+    }
+
+    /// A cycle word as a probe: an address with no provenance, never dereferenced.
+    fn cycle(word: usize) -> Probe {
+        debug_assert_eq!(word & 1, 1, "a cycle word has bit 0 set");
+        Probe(std::ptr::null::<Handoff>().wrapping_byte_add(word))
+    }
+
+    /// `true`: the home this probe was made from is live ([`Home::is_live`]). `false`: it
+    /// is not, except for workspace memory with the stamp module's `NO_CYCLE_WORD`, which
+    /// only the home can tell: the caller asks the home then.
     ///
     /// # Safety
     /// That home is alive and has not moved since [`Home::probe`] (it sits in a shared
     /// header the caller holds a reference to).
     #[inline(always)]
-    pub(crate) unsafe fn is_live(&self) -> bool {
-        match self {
-            // SAFETY: the home, and the hand-off in it, live where they were (the caller's
-            // contract).
-            Probe::Handoff(handoff) => !unsafe { handoff.as_ref() }.is_freed(),
-            // SAFETY: the home holds the stamp the probe was made from (the caller's
-            // contract), and so the workspace state its word lives in.
-            Probe::Workspace(stamp) => unsafe { stamp.is_valid() },
+    pub(crate) unsafe fn passes(&self) -> bool {
+        let word = self.0 as usize;
+        if word & 1 == 0 {
+            // SAFETY: bit 0 clear: the address of the hand-off the probe was made from,
+            // which lives where it was while its home does (the caller's contract): in the
+            // home, or in the workspace state the home's stamp keeps alive.
+            !unsafe { &*self.0 }.is_freed()
+        } else {
+            cycle_word_passes(word)
         }
     }
 }

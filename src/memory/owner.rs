@@ -269,8 +269,9 @@ pub(crate) struct Handle {
     probe: Probe,
 }
 
-// SAFETY: the probe holds addresses into the header (or the workspace state the header's
-// stamp keeps alive), which the handle's `Arc` keeps alive; it is only read, atomically.
+// SAFETY: the probe holds an address into the header (or the workspace state the header's
+// stamp keeps alive), which the handle's `Arc` keeps alive and which is only read,
+// atomically; or a cycle word, compared with the calling thread's own table.
 // `Arc<Owned>` is `Send + Sync`.
 unsafe impl Send for Handle {}
 // SAFETY: as above; `&Handle` only loads through the probe.
@@ -297,13 +298,22 @@ impl Handle {
         }
     }
 
-    /// The validity check (semantics §3, §4): one load of the word the probe names (and a
-    /// thread-token compare for workspace memory).
+    /// The validity check (semantics §3, §4): one load of the probe and one of the word it
+    /// names (see [`Probe`]), and the full check through the header only when the probe
+    /// cannot tell.
     #[inline(always)]
     pub(crate) fn is_live(&self) -> bool {
         // SAFETY: the probe was made from the home in this handle's header, which the
         // handle keeps alive and which is not replaced while it is shared (the invariant).
-        unsafe { self.probe.is_live() }
+        (unsafe { self.probe.passes() }) || self.home_is_live()
+    }
+
+    /// The check through the header, for when the probe could not pass: memory of a
+    /// workspace that has no slot in its thread's table (see [`Probe::passes`]).
+    #[cold]
+    #[inline(never)]
+    fn home_is_live(&self) -> bool {
+        self.owned.is_live()
     }
 
     /// The bytes, after the validity check through the probe, for as long as `pin` holds

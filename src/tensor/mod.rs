@@ -441,8 +441,10 @@ impl Tensor {
     }
 
     /// Whether the tensor may be used now from this thread (semantics §3, §4). This is the
-    /// check every op runs on each argument: one atomic load of the word the handle's probe
-    /// names, straight from the handle (plus a thread-token compare for workspace memory).
+    /// check every op runs on each argument: one load of the probe the handle keeps and
+    /// one of the word it names (a pool block's freed flag, or for workspace memory this
+    /// thread's entry of its table of open cycles, which holds the memory's cycle word only
+    /// on the owner thread while that cycle runs).
     #[inline]
     pub fn is_valid(&self) -> bool {
         self.storage.is_live()

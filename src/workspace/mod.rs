@@ -53,6 +53,6 @@ pub use manager::{
     all_workspaces, allocate_in, allocate_in_current, allocate_in_parent, parent_of_current,
     workspaces, ScopeOut, WorkspaceGuard, Workspaces,
 };
-pub(crate) use stamp::StampProbe;
+pub(crate) use stamp::{cycle_word_passes, StampProbe};
 pub use stamp::{Stamp, ViewPin, WorkspaceMemory};
 pub use stats::WorkspaceStats;

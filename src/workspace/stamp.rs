@@ -10,10 +10,17 @@
 //! count is above 0. So a consumer on another thread can never read freed memory, nor memory
 //! being overwritten.
 //!
+//! A tensor handle does not load the stamp to check: it keeps the stamp's [`StampProbe`]
+//! beside it. For a non-circular workspace that is the memory's *cycle word* (the
+//! workspace's slot in its thread's table of open cycles, and an id unique to the cycle),
+//! checked with one load of the calling thread's own table ([`cycle_word_passes`]): the
+//! thread check comes with the table, as no other thread's table ever holds the word. A
+//! circular workspace's probe is the address of a destroyed flag in the pool's hand-off
+//! form. Either way the probe decides exactly as the stamp does, or (a workspace beyond
+//! the table's slots, or the rare cycle past the ids a word can hold) defers to it.
+//!
 //! The `unsafe` items here make [`WorkspaceMemory`] `Send + Sync` (its pointer is a plain
-//! address whose use is guarded by the stamp) and let a [`StampProbe`] (the check with the
-//! state word's address in place of the stamp, kept beside a tensor handle) load the word
-//! while its caller keeps the stamp alive. The probe decides exactly as the stamp does.
+//! address whose use is guarded by the stamp).
 
 #![allow(unsafe_code)]
 
@@ -26,6 +33,7 @@ use std::thread::ThreadId;
 
 use super::state::{generation_of, opened, StateWord, DESTROYED, OPEN};
 use crate::error::Error;
+use crate::memory::handoff::Handoff;
 use crate::memory::MemorySource;
 
 /// A number naming the calling thread, unique for the life of the process (never reused,
@@ -60,6 +68,110 @@ fn assign_token(slot: &Cell<u64>) -> u64 {
     token
 }
 
+/// Entries in each thread's table of open cycles (see [`cycle_word_passes`]). Entry 0 is
+/// never written, so a workspace without an entry of its own (its thread holds
+/// `CYCLE_SLOTS - 1` others, or it is circular) has slot 0 and always takes the full
+/// check.
+const CYCLE_SLOTS: usize = 256;
+
+/// Where the slot starts in a cycle word (bit 0 is always set; bits 1 and 2 are clear, so
+/// the slot's bits are its entry's byte offset in the table).
+const SLOT_SHIFT: u32 = 3;
+/// Where the cycle id starts in a cycle word.
+const ID_SHIFT: u32 = SLOT_SHIFT + CYCLE_SLOTS.trailing_zeros();
+/// The largest cycle id a word holds.
+const MAX_CYCLE_ID: usize = usize::MAX >> ID_SHIFT;
+
+/// The cycle word no table entry ever holds (slot 0, id 0): that of memory whose
+/// workspace has no slot, or was not open when it was allocated. Its check is the full one.
+pub(crate) const NO_CYCLE_WORD: usize = 1;
+
+/// How many cycle ids a thread takes from the process-wide counter at once.
+const CYCLE_ID_BATCH: u64 = 1 << 10;
+
+thread_local! {
+    /// Entry `s`: the cycle word of the cycle running now in this thread's workspace with
+    /// slot `s`, or 0 while it is closed (or the slot is free). Only this thread reads or
+    /// writes its table.
+    static OPEN_CYCLES: [Cell<usize>; CYCLE_SLOTS] =
+        const { [const { Cell::new(0) }; CYCLE_SLOTS] };
+    /// Slots of this thread's table held by a workspace (bit `s % 64` of word `s / 64`);
+    /// slot 0 is never handed out.
+    static SLOTS_HELD: Cell<[u64; CYCLE_SLOTS / 64]> = const { Cell::new([1, 0, 0, 0]) };
+    /// The next cycle id this thread hands out, and the end of its batch.
+    static CYCLE_IDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// Whether the calling thread's table holds `word` (a cycle word, bit 0 set): the check
+/// of memory of a non-circular workspace, without a load of the workspace.
+///
+/// Why it decides as [`Stamp::is_valid`]: a cycle word names a workspace's slot and a
+/// cycle id unique in the process, and an entry is written by its thread alone: with the
+/// word of a cycle of its own workspace when that cycle opens, and with 0 when it closes
+/// or the workspace is destroyed (which also frees the slot). So the caller's table holds
+/// the memory's cycle word exactly while the caller is the owner thread and that cycle
+/// runs, that is, while the state word equals the word at allocation time and the caller
+/// is the owner. [`NO_CYCLE_WORD`] is never in a table: such memory takes the full check.
+#[inline(always)]
+pub(crate) fn cycle_word_passes(word: usize) -> bool {
+    let slot = (word >> SLOT_SHIFT) % CYCLE_SLOTS;
+    OPEN_CYCLES.with(|cycles| cycles[slot].get()) == word
+}
+
+/// A free slot of this thread's table, or 0 if all are held.
+fn claim_slot() -> usize {
+    SLOTS_HELD.with(|held| {
+        let mut words = held.get();
+        for (w, word) in words.iter_mut().enumerate() {
+            if *word != u64::MAX {
+                let bit = word.trailing_ones();
+                *word |= 1 << bit;
+                held.set(words);
+                return w * 64 + bit as usize;
+            }
+        }
+        0
+    })
+}
+
+/// Gives slot `slot` of this thread's table back (nothing for slot 0).
+fn release_slot(slot: usize) {
+    if slot == 0 {
+        return;
+    }
+    OPEN_CYCLES.with(|cycles| cycles[slot].set(0));
+    SLOTS_HELD.with(|held| {
+        let mut words = held.get();
+        words[slot / 64] &= !(1 << (slot % 64));
+        held.set(words);
+    });
+}
+
+/// The process-wide counter cycle ids are taken from.
+static NEXT_CYCLE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A cycle id unique in the process, from 1; `None` once all that fit in a cycle word
+/// are spent (from then on every cycle takes the full check). Threads take ids in
+/// batches, so opening a cycle shares no cache line with other threads.
+fn fresh_cycle_id() -> Option<usize> {
+    CYCLE_IDS.with(|batch| take_cycle_id(&NEXT_CYCLE_ID, batch))
+}
+
+/// [`fresh_cycle_id`] from `counter`, through the thread's `batch` (next, end).
+fn take_cycle_id(counter: &AtomicU64, batch: &Cell<(u64, u64)>) -> Option<usize> {
+    let (mut next, mut end) = batch.get();
+    if next == end {
+        // The load keeps a spent counter from growing any further.
+        if counter.load(Ordering::Relaxed) > MAX_CYCLE_ID as u64 {
+            return None;
+        }
+        next = counter.fetch_add(CYCLE_ID_BATCH, Ordering::Relaxed);
+        end = next + CYCLE_ID_BATCH;
+    }
+    batch.set((next + 1, end));
+    usize::try_from(next).ok().filter(|&id| id <= MAX_CYCLE_ID)
+}
+
 /// The state of one workspace shared with every stamp of its memory.
 pub(crate) struct Shared {
     id: Box<str>,
@@ -69,6 +181,14 @@ pub(crate) struct Shared {
     /// Where the workspace's memory comes from (and where copies out of it go).
     source: MemorySource,
     state: StateWord,
+    /// This workspace's slot in its thread's table of open cycles (0: none, see
+    /// [`cycle_word_passes`]); given back when the workspace is destroyed.
+    slot: AtomicUsize,
+    /// The cycle word of the cycle opened last; written and read by the owner thread only.
+    cycle_word: AtomicUsize,
+    /// A circular workspace's destroyed flag, in the form of a pool block's freed flag, so
+    /// that its stamps' probe is the pool's check (freed exactly when `DESTROYED` is set).
+    destroyed: Handoff,
     /// Live [`ViewPin`]s: borrowed views of this workspace's memory that must not see it
     /// recycled (non-circular workspaces only).
     views: AtomicUsize,
@@ -84,6 +204,9 @@ impl Shared {
             circular,
             source,
             state: StateWord::new(),
+            slot: AtomicUsize::new(if circular { 0 } else { claim_slot() }),
+            cycle_word: AtomicUsize::new(NO_CYCLE_WORD),
+            destroyed: Handoff::new(),
             views: AtomicUsize::new(0),
         }
     }
@@ -98,19 +221,39 @@ impl Shared {
         &self.id
     }
 
-    /// Marks the start of cycle `generation`.
+    /// Marks the start of cycle `generation` (owner thread only), under a fresh cycle id.
     pub(crate) fn open(&self, generation: u64) {
         self.state.open(generation);
+        let slot = self.slot.load(Ordering::Relaxed);
+        let word = match fresh_cycle_id() {
+            Some(id) if slot != 0 => id << ID_SHIFT | slot << SLOT_SHIFT | 1,
+            _ => NO_CYCLE_WORD,
+        };
+        self.cycle_word.store(word, Ordering::Relaxed);
+        self.set_open_cycle(if word == NO_CYCLE_WORD { 0 } else { word });
     }
 
-    /// Marks the end of the current cycle.
+    /// Marks the end of the current cycle (owner thread only).
     pub(crate) fn close(&self, generation: u64) {
         self.state.close(generation);
+        self.set_open_cycle(0);
     }
 
-    /// Marks the workspace destroyed, for good.
+    /// Marks the workspace destroyed, for good (owner thread only), and gives its slot
+    /// back.
     pub(crate) fn destroy(&self) {
         self.state.destroy();
+        release_slot(self.slot.swap(0, Ordering::Relaxed));
+        // `free` reports whether a view was counted on the flag; none ever is.
+        let _ = self.destroyed.free();
+    }
+
+    /// Writes this workspace's entry of the (owner) thread's table of open cycles.
+    fn set_open_cycle(&self, word: usize) {
+        let slot = self.slot.load(Ordering::Relaxed);
+        if slot != 0 {
+            OPEN_CYCLES.with(|cycles| cycles[slot].set(word));
+        }
     }
 }
 
@@ -162,6 +305,9 @@ pub struct Stamp {
     state_mask: u64,
     owner_token: u64,
     token_mask: u64,
+    /// The cycle word of the cycle the memory was allocated in ([`NO_CYCLE_WORD`] if the
+    /// workspace was not open), for [`cycle_word_passes`].
+    cycle_word: usize,
     /// For circular workspaces: the buffer or spill block holding the memory.
     keep_alive: Option<KeepAlive>,
 }
@@ -175,8 +321,15 @@ impl Stamp {
     ) -> Stamp {
         let expected = opened(generation);
         let circular = shared.circular;
+        // Made on the owner thread, during the allocation: the cycle word is this cycle's.
+        let cycle_word = if shared.state.load() == expected {
+            shared.cycle_word.load(Ordering::Relaxed)
+        } else {
+            NO_CYCLE_WORD
+        };
         Stamp {
             expected,
+            cycle_word,
             state_mask: if circular { DESTROYED } else { u64::MAX },
             owner_token: shared.owner_token,
             token_mask: if circular { 0 } else { u64::MAX },
@@ -213,19 +366,13 @@ impl Stamp {
         )
     }
 
-    /// This stamp's check, unpacked to sit beside a handle to the memory: the address of
-    /// the state word and what to compare it with, so the check reads the word directly
-    /// instead of through the stamp and its `Arc` (see [`StampProbe`]).
+    /// This stamp's check in the form a tensor handle keeps beside it (see
+    /// [`StampProbe`]).
     pub(crate) fn probe(&self) -> StampProbe {
-        StampProbe {
-            word: NonNull::from(&self.shared.state),
-            expected: self.expected,
-            // Tokens start at 1: 0 marks a circular workspace's probe.
-            owner_token: if self.shared.circular {
-                0
-            } else {
-                self.owner_token
-            },
+        if self.shared.circular {
+            StampProbe::Flag(NonNull::from(&self.shared.destroyed))
+        } else {
+            StampProbe::Cycle(self.cycle_word)
         }
     }
 
@@ -317,49 +464,17 @@ fn decide(state: u64, state_mask: u64, expected: u64, owner_token: u64, token_ma
     (state & state_mask == expected) & ((assigned_token() ^ owner_token) & token_mask == 0)
 }
 
-/// A [`Stamp`]'s check with the address of the workspace's state word in place of the
-/// stamp: a handle that keeps the stamp alive (in the memory's header) and this probe
-/// beside it checks with one load of its own fields and one of the word, the same number
-/// of dependent loads as a pool block's freed bit. The decision is [`Stamp::is_valid`]'s,
-/// on the same word, so the invariant above holds unchanged; only its form is the one for
-/// the kind of workspace: for a non-circular one, the word equals `expected` and the
-/// caller's token is `owner_token`; for a circular one (`owner_token` 0, which no thread
-/// has), `DESTROYED` is clear.
-#[derive(Clone, Copy)]
-pub(crate) struct StampProbe {
-    word: NonNull<StateWord>,
-    /// The word at allocation time.
-    expected: u64,
-    /// The owner thread's token; 0 for a circular workspace (any thread).
-    owner_token: u64,
-}
-
-impl StampProbe {
-    /// [`Stamp::is_valid`] of the stamp this probe was made from.
-    ///
-    /// # Safety
-    /// That stamp, or a clone of it, is alive: it holds the `Arc` the word lives in.
-    #[inline(always)]
-    pub(crate) unsafe fn is_valid(&self) -> bool {
-        // SAFETY: the caller keeps a clone of the stamp alive, and with it the `Shared`
-        // that holds the word (an `Arc` allocation, which never moves).
-        let state = unsafe { self.word.as_ref() }.load();
-        if self.owner_token != 0 {
-            // Branch-free: both tests always run.
-            (state ^ self.expected) | (assigned_token() ^ self.owner_token) == 0
-        } else {
-            state & DESTROYED == 0
-        }
-    }
-}
-
-impl fmt::Debug for StampProbe {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StampProbe")
-            .field("expected", &self.expected)
-            .field("circular", &(self.owner_token == 0))
-            .finish()
-    }
+/// A [`Stamp`]'s check in the form a tensor handle keeps beside it, so that the check
+/// reads the handle and one more word, never the stamp or its workspace first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StampProbe {
+    /// A non-circular workspace's memory: its cycle word, for [`cycle_word_passes`]
+    /// (valid if it passes; [`NO_CYCLE_WORD`] never passes, and then only the stamp can
+    /// tell).
+    Cycle(usize),
+    /// A circular workspace's memory: valid from any thread while this flag (freed when
+    /// the workspace is destroyed) is not freed, the form of a pool block's check.
+    Flag(NonNull<Handoff>),
 }
 
 impl fmt::Debug for Stamp {
@@ -408,6 +523,46 @@ mod tests {
     }
 
     #[test]
+    fn cycle_ids_are_unique_across_batches_and_run_out_cleanly() {
+        let counter = AtomicU64::new(1);
+        let (a, b) = (Cell::new((0, 0)), Cell::new((0, 0)));
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..3 * CYCLE_ID_BATCH {
+            assert!(seen.insert(take_cycle_id(&counter, &a).unwrap()));
+            assert!(seen.insert(take_cycle_id(&counter, &b).unwrap()));
+        }
+        assert!(!seen.contains(&0));
+        // Near the end: the last ids that fit are handed out, then none, and the counter
+        // stops growing.
+        let counter = AtomicU64::new(MAX_CYCLE_ID as u64 - 1);
+        let batch = Cell::new((0, 0));
+        assert_eq!(take_cycle_id(&counter, &batch), Some(MAX_CYCLE_ID - 1));
+        assert_eq!(take_cycle_id(&counter, &batch), Some(MAX_CYCLE_ID));
+        assert_eq!(
+            take_cycle_id(&counter, &batch),
+            None,
+            "past the word's room"
+        );
+        let spent = counter.load(Ordering::Relaxed);
+        let other = Cell::new((0, 0));
+        assert_eq!(take_cycle_id(&counter, &other), None);
+        assert_eq!(counter.load(Ordering::Relaxed), spent);
+    }
+
+    #[test]
+    fn a_cycle_word_names_its_slot_and_never_a_free_entry() {
+        for (id, slot) in [(1, 1), (MAX_CYCLE_ID, CYCLE_SLOTS - 1), (12345, 77)] {
+            let word = id << ID_SHIFT | slot << SLOT_SHIFT | 1;
+            assert_eq!((word >> SLOT_SHIFT) % CYCLE_SLOTS, slot);
+            assert_eq!(word >> ID_SHIFT, id);
+            assert_ne!(word, 0, "a free or closed entry holds 0");
+        }
+        // NO_CYCLE_WORD names slot 0, whose entry is never written.
+        assert_eq!((NO_CYCLE_WORD >> SLOT_SHIFT) % CYCLE_SLOTS, 0);
+        assert!(!cycle_word_passes(NO_CYCLE_WORD));
+    }
+
+    #[test]
     fn is_in_names_only_the_live_workspace_of_this_thread() {
         let shared = Arc::new(Shared::new("T", false, MemorySource::global()));
         shared.open(1);
@@ -428,6 +583,18 @@ mod tests {
         );
     }
 
+    /// A probe's fast answer, as a tensor handle computes it.
+    ///
+    /// # Safety
+    /// The stamp the probe was made from is alive.
+    unsafe fn passes(probe: StampProbe) -> bool {
+        match probe {
+            StampProbe::Cycle(word) => cycle_word_passes(word),
+            // SAFETY: the stamp keeps its workspace state, and the flag in it, alive.
+            StampProbe::Flag(flag) => !unsafe { flag.as_ref() }.is_freed(),
+        }
+    }
+
     #[test]
     fn a_probe_decides_as_its_stamp_does() {
         for circular in [false, true] {
@@ -436,13 +603,13 @@ mod tests {
             let stamp = Stamp::new(shared.clone(), 1, None);
             let probe = stamp.probe();
             // SAFETY: `stamp` lives for the whole closure's use.
-            let agree = || unsafe { probe.is_valid() } == stamp.is_valid();
+            let agree = || unsafe { passes(probe) } == stamp.is_valid();
             assert!(agree() && stamp.is_valid());
             let there = stamp.clone();
             let (valid, probed) = std::thread::spawn(move || {
                 let probe = there.probe();
                 // SAFETY: `there` lives until the end of this closure.
-                (there.is_valid(), unsafe { probe.is_valid() })
+                (there.is_valid(), unsafe { passes(probe) })
             })
             .join()
             .unwrap();

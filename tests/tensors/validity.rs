@@ -447,3 +447,91 @@ fn a_view_that_outlives_its_thread_never_sees_its_memory_reused() {
         "the view saw reused memory"
     );
 }
+
+/// Opens workspace `id`, allocates a tensor in it and leaves the workspace open.
+fn open_with_tensor(id: &str) -> (ndmem::WorkspaceGuard, Tensor) {
+    let guard = workspaces().get_and_activate(&cfg(), id).unwrap();
+    let tensor = Tensor::ones(DType::F32, &[2]).unwrap();
+    (guard, tensor)
+}
+
+#[test]
+fn a_thread_with_more_workspaces_than_table_slots_checks_every_one_exactly() {
+    // The fast check keeps a slot per workspace of a thread, for the first 255; the rest
+    // are checked through their stamps. Both must give the same answers.
+    let ws = workspaces();
+    let ids: Vec<String> = (0..300).map(|i| format!("MANY_{i}")).collect();
+    let mut guards = Vec::new();
+    let mut tensors = Vec::new();
+    for id in &ids {
+        let (guard, tensor) = open_with_tensor(id);
+        guards.push(guard);
+        tensors.push(tensor);
+    }
+    assert!(tensors.iter().all(Tensor::is_valid), "300 open workspaces");
+    let other = std::thread::scope(|s| {
+        s.spawn(|| tensors.iter().filter(|t| t.is_valid()).count())
+            .join()
+            .unwrap()
+    });
+    assert_eq!(other, 0, "no other thread may use them");
+    // Leave them innermost first (the last-opened is the innermost).
+    while let Some(guard) = guards.pop() {
+        drop(guard);
+    }
+    for (tensor, id) in tensors.iter().zip(&ids).step_by(37) {
+        leaked(tensor.add_scalar(1.0), "add_scalar", "X", id);
+    }
+    assert!(tensors.iter().all(|t| !t.is_valid()), "all left");
+    // A later cycle of the last (slotless) workspace: its old tensor is outdated, a new
+    // one valid until the cycle ends.
+    let last = ids.last().unwrap();
+    let (guard, fresh) = open_with_tensor(last);
+    assert!(fresh.is_valid());
+    assert!(matches!(
+        tensors.last().unwrap().add_scalar(1.0),
+        Err(Error::OutdatedWorkspacePointer { .. })
+    ));
+    drop(guard);
+    assert!(!fresh.is_valid());
+    for id in &ids {
+        ws.destroy(id).unwrap();
+    }
+}
+
+#[test]
+fn a_destroyed_workspaces_slot_serves_the_next_and_its_old_tensors_stay_refused() {
+    let ws = workspaces();
+    let (guard, old) = open_with_tensor("FIRST");
+    ws.destroy("FIRST").unwrap();
+    assert!(!old.is_valid(), "destroyed while open");
+    drop(guard);
+    // The next workspaces take the freed slot and open cycles in it; a workspace under
+    // the same id is another one.
+    let (_g1, next) = open_with_tensor("SECOND");
+    let (_g2, again) = open_with_tensor("FIRST");
+    assert!(next.is_valid() && again.is_valid());
+    leaked(old.add_scalar(1.0), "add_scalar", "X", "FIRST");
+    leaked(old.add(&again), "add", "X", "FIRST");
+}
+
+#[test]
+fn a_thread_with_open_workspaces_of_its_own_still_refuses_another_threads_tensors() {
+    let (_guard, x) = open_with_tensor("MINE");
+    let err = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Same slots, same order, open cycles: still another thread's memory.
+            let (_g, own) = open_with_tensor("MINE");
+            assert!(own.is_valid());
+            assert!(!x.is_valid());
+            x.add(&own).unwrap_err()
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(
+        matches!(err, Error::WrongThread { ref arg, .. } if arg == "X"),
+        "{err:?}"
+    );
+    assert!(x.is_valid(), "still valid on its own thread");
+}
