@@ -108,13 +108,6 @@ impl<'p> Block<'p> {
         // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
-
-    /// Sets every byte of the block, capacity included, to zero.
-    pub(super) fn zero(&mut self) {
-        // SAFETY: the block owns `capacity` writable bytes at `ptr`, and `&mut self` makes
-        // the access exclusive.
-        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.capacity) };
-    }
 }
 
 impl fmt::Debug for Block<'_> {

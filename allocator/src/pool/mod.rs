@@ -213,26 +213,33 @@ impl Pool {
     ) -> Result<Block<'_>, AllocError> {
         let fit = fit(size, align)?;
         let core = &*self.core;
-        // The fast path: no call, so the caller's frame stays as small as the work.
+        // The fast path: no call, so the caller's frame stays as small as the work. Both
+        // paths end in the block's address alone, and the block is built once, after they
+        // meet: so the fast path's block lives in registers and is never copied through the
+        // slow path's result in memory.
+        let mut cached = None;
         if fit.class != NO_CLASS {
             if let Some(slot) = local::cached_slot(core) {
                 // SAFETY: `cached_slot` names this thread's live slot for `core`, which
                 // only this thread removes, and not during this call.
                 let slot = unsafe { slot.as_ref() };
-                if let Some(ptr) = slot.try_take(usize::from(fit.class), fit.capacity, usage) {
-                    return Ok(self.block(
-                        ptr,
-                        size,
-                        fit.capacity,
-                        fit.class,
-                        usage,
-                        zeroed,
-                        false,
-                    ));
-                }
+                cached = slot.try_take(usize::from(fit.class), fit.capacity, usage);
             }
         }
-        self.allocate_slow(size, fit.capacity, fit.class, usage, zeroed)
+        let ptr = match cached {
+            Some(ptr) => {
+                self.prepare(ptr, fit.capacity, zeroed, false);
+                ptr
+            }
+            None => self.allocate_slow(size, fit.capacity, fit.class, usage, zeroed)?,
+        };
+        // SAFETY: `ptr` is a block of exactly `fit.capacity` bytes of this pool (its class's
+        // size, from a cache of that class, or from the shared classes, the budget or the
+        // OS), owned by this call alone (a cached pointer leaves a thread's list inside the
+        // slot's handshake, and a shared slot through one `swap`), with every byte
+        // initialised (zeroed by the OS path, written by previous owners since), counted
+        // live for `usage`; `size <= fit.capacity`.
+        Ok(unsafe { Block::new(ptr, size, fit.capacity, fit.class, usage, self) })
     }
 
     /// [`Pool::allocate_inner`] off its fast path: the thread's slot looked up in full (its
@@ -248,7 +255,7 @@ impl Pool {
         class_id: u8,
         usage: Usage,
         zeroed: bool,
-    ) -> Result<Block<'_>, AllocError> {
+    ) -> Result<NonNull<u8>, AllocError> {
         let core = &*self.core;
         if class_id != NO_CLASS {
             let class = usize::from(class_id);
@@ -258,7 +265,8 @@ impl Pool {
                 Some(ptr)
             });
             if let Some(Some(ptr)) = hit {
-                return Ok(self.block(ptr, size, capacity, class_id, usage, zeroed, false));
+                self.prepare(ptr, capacity, zeroed, false);
+                return Ok(ptr);
             }
         }
         core.check_config()?;
@@ -279,34 +287,22 @@ impl Pool {
             },
         };
         core.count_live(capacity, usage, !fresh);
-        Ok(self.block(ptr, size, capacity, class_id, usage, zeroed, fresh))
+        self.prepare(ptr, capacity, zeroed, fresh);
+        Ok(ptr)
     }
 
+    /// Readies a block of `capacity` bytes at `ptr` for its new owner: zeroed if asked
+    /// (unless `fresh` from the OS, which zeroed it), and traced if the recorder is on.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn block(
-        &self,
-        ptr: NonNull<u8>,
-        size: usize,
-        capacity: usize,
-        class: u8,
-        usage: Usage,
-        zeroed: bool,
-        fresh: bool,
-    ) -> Block<'_> {
-        // SAFETY: `ptr` is a block of exactly `capacity` bytes of this pool (its class's
-        // size, from a cache of that class or fresh from the OS), owned by this call alone
-        // (a cached pointer leaves a thread's list inside the slot's handshake, and a shared
-        // slot through one `swap`), with every byte initialised (zeroed by the OS path,
-        // written by previous owners since); `size <= capacity`.
-        let mut block = unsafe { Block::new(ptr, size, capacity, class, usage, self) };
+    fn prepare(&self, ptr: NonNull<u8>, capacity: usize, zeroed: bool, fresh: bool) {
         if zeroed && !fresh {
-            block.zero();
+            // SAFETY: `ptr` is a block of `capacity` writable bytes that this allocation
+            // owns alone (the callers' invariant; nothing else refers to it yet).
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, capacity) };
         }
         if crate::trace::is_on() {
             self.core.traced(EventKind::Alloc, capacity);
         }
-        block
     }
 
     /// An identity for this pool, stable for its life and unique among live pools (the
