@@ -138,12 +138,20 @@ impl Arena {
             published: Arc::new(Published::new(id, config.source())),
         };
         if config.initial_size() > 0 && !arena.settings.no_buffer {
-            if circular {
-                if let Some(shape) = sizing.initial_ring(config.initial_size()) {
-                    arena.build_ring(shape)?;
+            let built = if circular {
+                match sizing.initial_ring(config.initial_size()) {
+                    Some(shape) => arena.build_ring(shape),
+                    None => Ok(()),
                 }
             } else {
-                arena.install(arena.allocate_buffer(sizing.learned(config.initial_size()))?);
+                arena
+                    .allocate_buffer(sizing.learned(config.initial_size()))
+                    .map(|buffer| arena.install(buffer))
+            };
+            if let Err(error) = built {
+                // Never created after all: give its slot of the thread's table back.
+                arena.shared.destroy();
+                return Err(error);
             }
         }
         Ok(arena)
@@ -605,5 +613,33 @@ impl Arena {
         if self.is_open() {
             self.published.store_entered(self.generation());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemorySource;
+    use ndmem_alloc::{Limits, Pool};
+
+    #[test]
+    fn a_workspace_that_fails_to_be_created_gives_its_table_slot_back() {
+        // 300 refused creations on one thread, more than the table's 255 slots: the next
+        // workspace still gets a slot (and so the fast validity check).
+        let tiny = MemorySource::new(Pool::new(Limits::builder().max_bytes(4 << 10).build()));
+        let too_big = WorkspaceConfig::builder()
+            .initial_size(1 << 20)
+            .source(tiny)
+            .build()
+            .unwrap();
+        for _ in 0..300 {
+            assert!(matches!(
+                Arena::new("REFUSED", &too_big, DebugMode::Normal),
+                Err(Error::OutOfMemory { .. })
+            ));
+        }
+        let fine = Arena::new("FINE", &WorkspaceConfig::default(), DebugMode::Normal).unwrap();
+        assert!(fine.shared().has_slot());
+        fine.destroy();
     }
 }

@@ -248,6 +248,12 @@ impl Shared {
         let _ = self.destroyed.free();
     }
 
+    /// Whether this workspace holds a slot of its thread's table of open cycles.
+    #[cfg(test)]
+    pub(crate) fn has_slot(&self) -> bool {
+        self.slot.load(Ordering::Relaxed) != 0
+    }
+
     /// Writes this workspace's entry of the (owner) thread's table of open cycles.
     fn set_open_cycle(&self, word: usize) {
         let slot = self.slot.load(Ordering::Relaxed);
