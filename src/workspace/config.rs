@@ -539,11 +539,13 @@ impl DebugMode {
 }
 
 /// The process's debug mode, read from the environment once.
+#[inline]
 pub(crate) fn debug_mode() -> Result<DebugMode, Error> {
     static MODE: OnceLock<Result<DebugMode, ConfigError>> = OnceLock::new();
-    MODE.get_or_init(DebugMode::from_env)
-        .clone()
-        .map_err(Error::Config)
+    match MODE.get_or_init(DebugMode::from_env) {
+        Ok(mode) => Ok(*mode),
+        Err(error) => Err(Error::Config(error.clone())),
+    }
 }
 
 #[cfg(test)]

@@ -77,8 +77,11 @@ impl Manager {
             (None, None) => true,
             _ => false,
         });
-        if let Some(position) = position {
-            stack.remove(position);
+        match position {
+            // Guards usually drop innermost first: the top goes without moving the rest.
+            Some(position) if position + 1 == stack.len() => drop(stack.pop()),
+            Some(position) => drop(stack.remove(position)),
+            None => {}
         }
     }
 }
