@@ -229,22 +229,23 @@ impl Home {
     }
 
     /// The bytes, for as long as `pin` holds the epoch, after the caller ran this home's
-    /// check itself through its [`Probe`].
+    /// check itself (through its [`Probe`], or [`Home::is_live`] where the probe could not
+    /// tell).
     ///
     /// # Safety
-    /// The [`Probe`] of this home answered live on this thread after `pin` was taken.
+    /// This home's check answered live on this thread after `pin` was taken.
     #[inline]
     pub(crate) unsafe fn read_checked<'a>(&'a self, _pin: &'a Pin) -> Option<&'a [u8]> {
         let (ptr, len) = self.raw(Access::Read)?;
-        // SAFETY: the probe's check is this home's (the same word, the same decision), and
-        // it passed under `pin` on this thread (the caller's contract), so the memory is
-        // live: a pool block or device memory not yet handed to reclamation (and `_pin`
-        // keeps a block handed over after the check alive until the borrow ends), or
-        // workspace memory of the current generation on its owner thread (whose word only
-        // this thread changes), or of a circular workspace, whose stamp keeps the ring alive
-        // and its slot out of the ring's reuse, so no cycle writes the bytes while we read.
-        // Shared homes are
-        // written only through `write_unshared`, whose caller proves no reader exists.
+        // SAFETY: the check (the probe decides as `is_live` does wherever it passes) passed
+        // under `pin` on this thread (the caller's contract), so the memory is live: a pool
+        // block or device memory not yet handed to reclamation (and `_pin` keeps a block
+        // handed over after the check alive until the borrow ends), or workspace memory of
+        // the current generation on its owner thread (whose state and table of open cycles
+        // only this thread changes), or of a circular workspace, whose stamp keeps the ring
+        // alive and its slot out of the ring's reuse, so no cycle writes the bytes while we
+        // read. Shared homes are written only through `write_unshared`, whose caller proves
+        // no reader exists.
         Some(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) })
     }
 
