@@ -321,8 +321,9 @@ impl Handle {
     #[inline]
     pub(crate) fn read<'a>(&'a self, op: &str, arg: &str, pin: &'a Pin) -> Result<&'a [u8]> {
         if self.is_live() {
-            // SAFETY: the probe of this header's home answered live just now, on this
-            // thread, under `pin` (taken by the caller before this call).
+            // SAFETY: this header's home's check (its probe, or the home itself where the
+            // probe cannot tell) answered live just now, on this thread, under `pin` (taken
+            // by the caller before this call).
             unsafe { self.home().read_checked(pin) }.ok_or_else(|| self.refusal(op, arg))
         } else {
             Err(self.refusal(op, arg))
