@@ -143,10 +143,7 @@ impl Home {
     /// This home's validity check, to keep beside a handle to it (see [`Probe`]).
     pub(crate) fn probe(&self) -> Probe {
         match self {
-            Home::Workspace(slot) => match slot.stamp.probe() {
-                StampProbe::Cycle(word) => Probe::cycle(word),
-                StampProbe::Flag(flag) => Probe::handoff(flag),
-            },
+            Home::Workspace(slot) => Probe::from(slot.stamp.probe()),
             Home::Pool(block) => Probe::handoff(NonNull::from(&block.handoff)),
             Home::Device(home) => Probe::handoff(NonNull::from(&home.handoff)),
         }
@@ -411,6 +408,15 @@ const _: () = assert!(
     std::mem::align_of::<Handoff>() > 1,
     "bit 0 tells the forms apart"
 );
+
+impl From<StampProbe> for Probe {
+    fn from(probe: StampProbe) -> Probe {
+        match probe {
+            StampProbe::Cycle(word) => Probe::cycle(word),
+            StampProbe::Flag(flag) => Probe::handoff(flag),
+        }
+    }
+}
 
 impl Probe {
     fn handoff(handoff: NonNull<Handoff>) -> Probe {
