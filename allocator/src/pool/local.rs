@@ -78,11 +78,23 @@ use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
 
+/// Entries of each per-class array of a slot: the classes rounded up to a power of two, so
+/// that the hot paths index them with a class masked to fit ([`list`]) and no bounds check.
+/// The entries past the last class stay empty.
+const LISTS: usize = NUM_CLASSES.next_power_of_two();
+
+/// The index of `class`'s entries (`class` itself: every class is below [`LISTS`]).
+#[inline(always)]
+fn list(class: usize) -> usize {
+    debug_assert!(class < NUM_CLASSES);
+    class & (LISTS - 1)
+}
+
 /// A slot's lists: the head of each class's list (null when empty) and its cap, with the
 /// caps' sum in bytes (the lengths are beside them, in the slot, for readers).
 struct Lists {
-    heads: [*mut u8; NUM_CLASSES],
-    caps: [u32; NUM_CLASSES],
+    heads: [*mut u8; LISTS],
+    caps: [u32; LISTS],
     /// `sum(caps[c] * class_size(c))`: at most the pool's per-thread bound.
     capped: usize,
 }
@@ -105,7 +117,7 @@ pub(super) struct Slot {
     lists: UnsafeCell<Lists>,
     /// Each list's length; written by whoever is inside, read by anyone (the bytes cached
     /// are summed from them).
-    lens: [AtomicU32; NUM_CLASSES],
+    lens: [AtomicU32; LISTS],
     tally: Tally,
     /// The owner's peak bookkeeping; touched by the owner thread alone.
     mark: UnsafeCell<Mark>,
@@ -183,8 +195,8 @@ impl Slot {
             recall: AtomicUsize::new(0),
             process_wide: has_process_barrier(),
             lists: UnsafeCell::new(Lists {
-                heads: [ptr::null_mut(); NUM_CLASSES],
-                caps: [0; NUM_CLASSES],
+                heads: [ptr::null_mut(); LISTS],
+                caps: [0; LISTS],
                 capped: 0,
             }),
             lens: std::array::from_fn(|_| AtomicU32::new(0)),
@@ -256,6 +268,7 @@ impl Slot {
     /// The caller is the owner and has entered the slot ([`Slot::enter`]) and not left.
     #[inline(always)]
     unsafe fn pop(&self, class: usize) -> Option<NonNull<u8>> {
+        let class = list(class);
         // SAFETY: the owner is inside (the caller's contract): nobody else touches the lists.
         let lists = unsafe { &mut *self.lists.get() };
         let block = NonNull::new(lists.heads[class])?;
@@ -272,6 +285,7 @@ impl Slot {
     /// caller.
     #[inline(always)]
     pub(super) fn keep(&self, class: usize, block: NonNull<u8>) -> bool {
+        let class = list(class);
         if !self.enter() {
             return false;
         }
@@ -296,6 +310,7 @@ impl Slot {
     fn cached_bytes(&self) -> usize {
         self.lens
             .iter()
+            .take(NUM_CLASSES)
             .enumerate()
             .map(|(class, n)| n.load(Ordering::Relaxed) as usize * class_size(class))
             .sum()
@@ -323,7 +338,7 @@ impl Slot {
             len.store(0, Ordering::Relaxed);
         }
         // The caps are learned again, under the bound of the time.
-        lists.caps = [0; NUM_CLASSES];
+        lists.caps = [0; LISTS];
         lists.capped = 0;
         for (class, head) in lists.heads.iter_mut().enumerate() {
             let mut next = std::mem::replace(head, ptr::null_mut());
@@ -699,9 +714,13 @@ mod thread {
         /// The pool core and slot this thread used last: a value with no destructor, so
         /// reading it is one thread-local load with no state to check. Cleared before the
         /// entries are dropped (and while they are pruned), so it never names a freed slot.
-        static LAST: Cell<(*const Core, *const Slot)> =
-            const { Cell::new((ptr::null(), ptr::null())) };
+        /// Cleared, it holds a null core (which no pool has) and a dangling slot, so that a
+        /// match needs no second test.
+        static LAST: Cell<(*const Core, NonNull<Slot>)> = const { Cell::new(CLEARED) };
     }
+
+    /// `LAST` naming no slot.
+    const CLEARED: (*const Core, NonNull<Slot>) = (ptr::null(), NonNull::dangling());
 
     /// This thread's slot for `core`, if it has one.
     #[inline(always)]
@@ -713,10 +732,8 @@ mod thread {
     #[inline(always)]
     pub(super) fn last(core: &Core) -> Option<NonNull<Slot>> {
         let (last_core, last_slot) = LAST.with(Cell::get);
-        if ptr::eq(last_core, core) {
-            return NonNull::new(last_slot.cast_mut());
-        }
-        None
+        // Only `CLEARED` holds the dangling slot, and its core is null: never `core`.
+        ptr::eq(last_core, core).then_some(last_slot)
     }
 
     #[cold]
@@ -726,7 +743,7 @@ mod thread {
             .try_with(|caches| {
                 let entries = caches.entries.try_borrow().ok()?;
                 let entry = entries.iter().find(|e| ptr::eq(&*e.core, core))?;
-                LAST.with(|last| last.set((core, entry.slot.as_ptr())));
+                LAST.with(|last| last.set((core, entry.slot)));
                 Some(entry.slot)
             })
             .ok()
@@ -742,7 +759,7 @@ mod thread {
             let mut entries = self.entries.try_borrow_mut().ok()?;
             // Entries of dropped pools go first (their cores are freed with the last entry).
             if entries.iter().any(|e| e.core.local.is_closed()) {
-                LAST.with(|last| last.set((ptr::null(), ptr::null())));
+                LAST.with(|last| last.set(CLEARED));
                 entries.retain(|e| {
                     let closed = e.core.local.is_closed();
                     if closed {
@@ -775,7 +792,7 @@ mod thread {
                 core: Arc::clone(core),
                 slot,
             });
-            LAST.with(|last| last.set((&**core, slot.as_ptr())));
+            LAST.with(|last| last.set((&**core, slot)));
             Some(())
         }
     }
@@ -795,7 +812,7 @@ mod thread {
     impl Drop for Caches {
         fn drop(&mut self) {
             // `LAST` has no destructor, so it is still there to clear.
-            LAST.with(|last| last.set((ptr::null(), ptr::null())));
+            LAST.with(|last| last.set(CLEARED));
             for entry in self.entries.get_mut().drain(..) {
                 entry.leave();
             }
