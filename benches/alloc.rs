@@ -6,7 +6,9 @@
 //!   `Tracking<System>`, mimalloc, `Tracking<MiMalloc>` and `cap::Cap<System>` (limit
 //!   `usize::MAX / 2`, as users set one), and `checked_system`: System behind a wrapper
 //!   that only tests the returned pointer for null, the least any wrapper keeping exact
-//!   books does (the floor under `Tracking`'s overhead). The bench binary keeps the default global
+//!   books does (the floor under `Tracking`'s overhead), and `counted_system`: that wrapper
+//!   plus one thread-local byte counter raised on alloc and lowered on free, the least a
+//!   per-thread count adds (the second floor). The bench binary keeps the default global
 //!   allocator: only the direct calls go through the allocators measured. Tracking's
 //!   statistics are process-wide statics and count these calls all the same. At 2 threads
 //!   both threads run the same loop at once (started by a barrier); the figure is the
@@ -42,6 +44,7 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -84,6 +87,41 @@ unsafe impl GlobalAlloc for NullChecked {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's pointer and layout, forwarded unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// System behind the least a wrapper that counts live bytes per thread must add to
+/// `NullChecked`: one thread-local counter, raised after a served allocation and lowered
+/// before a free (a load, an add and a store each; no limit, no peak, no publication). The
+/// second floor under `Tracking`'s overhead in `alloc_free_*`: what `Tracking` adds above
+/// it is its exact limit, peak and batched publication.
+struct Counted;
+
+static COUNTED_SYSTEM: Counted = Counted;
+
+thread_local! {
+    static COUNTED_BYTES: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards to System with the caller's arguments and returns its result.
+unsafe impl GlobalAlloc for Counted {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, forwarded unchanged.
+        let ptr = unsafe { System.alloc(layout) };
+        if ptr.is_null() {
+            refused_by_system();
+        } else {
+            COUNTED_BYTES.with(|b| b.set(b.get().wrapping_add(layout.size())));
+        }
+        ptr
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        COUNTED_BYTES.with(|b| b.set(b.get().wrapping_sub(layout.size())));
         // SAFETY: the caller's pointer and layout, forwarded unchanged.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -151,10 +189,11 @@ fn run_threads(threads: usize, iters: u64, op: impl Fn() + Sync) -> Duration {
     })
 }
 
-fn allocators() -> [(&'static str, &'static (dyn GlobalAlloc + Sync)); 6] {
+fn allocators() -> [(&'static str, &'static (dyn GlobalAlloc + Sync)); 7] {
     [
         ("system", &SYSTEM),
         ("checked_system", &CHECKED_SYSTEM),
+        ("counted_system", &COUNTED_SYSTEM),
         ("tracking_system", &TRACKING_SYSTEM),
         ("mimalloc", &MIMALLOC),
         ("tracking_mimalloc", &TRACKING_MIMALLOC),
