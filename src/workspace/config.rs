@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use ndmem_alloc::ConfigError;
 
+use super::sizing::Sizing;
 use crate::error::Error;
 use crate::memory::MemorySource;
 
@@ -281,6 +282,22 @@ impl WorkspaceConfig {
         }
     }
 
+    /// Bytes of the buffer `initial_size` makes at creation (the ring's, if circular);
+    /// `None` when it makes none.
+    fn first_buffer(&self) -> Option<usize> {
+        if self.initial_size == 0 {
+            return None;
+        }
+        let sizing = Sizing::of(self);
+        if self.is_circular() {
+            sizing
+                .initial_ring(self.initial_size)
+                .map(|shape| shape.buffer)
+        } else {
+            Some(sizing.learned(self.initial_size))
+        }
+    }
+
     fn validate(&self) -> Result<(), Error> {
         let invalid = |variable: &str, message: String| {
             Err(Error::Config(ConfigError::Invalid {
@@ -306,6 +323,16 @@ impl WorkspaceConfig {
                 ),
             );
         }
+        if self.min_size > MAX_BUFFER {
+            return invalid(
+                "min_size",
+                format!(
+                    "min_size {} is larger than the {MAX_BUFFER} bytes (isize::MAX) a buffer can \
+                     have, so no learned buffer could be allocated",
+                    self.min_size
+                ),
+            );
+        }
         if !self.overallocation_limit.is_finite() || self.overallocation_limit < 0.0 {
             return invalid(
                 "overallocation_limit",
@@ -321,6 +348,17 @@ impl WorkspaceConfig {
                 format!(
                     "alignment {} must be a power of two from 1 to {MAX_ALIGNMENT}",
                     self.alignment
+                ),
+            );
+        }
+        if let Some(buffer) = self.first_buffer().filter(|&bytes| bytes > MAX_BUFFER) {
+            return invalid(
+                "initial_size",
+                format!(
+                    "initial_size {} gives a first buffer of {buffer} bytes (overallocated, \
+                     clamped and rounded), more than the {MAX_BUFFER} bytes (isize::MAX) a \
+                     buffer can have",
+                    self.initial_size
                 ),
             );
         }
@@ -492,6 +530,9 @@ impl WorkspaceConfigBuilder {
         Ok(self.config)
     }
 }
+
+/// The most bytes any buffer can have (an allocation's bound).
+const MAX_BUFFER: usize = isize::MAX as usize;
 
 /// A workspace debug mode from `NDMEM_WORKSPACES` (semantics §2.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -166,6 +166,52 @@ fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
 }
 
 #[test]
+fn sizes_no_buffer_can_have_are_refused_at_build_not_at_first_use() {
+    let max = isize::MAX as usize;
+    // A min_size above isize::MAX: every learned buffer would be refused.
+    let e = config_error(WorkspaceConfig::builder().min_size(max + 1).build());
+    assert!(
+        e.contains("WorkspaceConfig::min_size") && e.contains(&(max + 1).to_string()),
+        "{e}"
+    );
+    // An initial_size whose overallocated buffer passes isize::MAX (but not usize::MAX).
+    let big = max / 10 * 9;
+    let e = config_error(WorkspaceConfig::builder().initial_size(big).build());
+    assert!(
+        e.contains("WorkspaceConfig::initial_size") && e.contains(&big.to_string()),
+        "{e}"
+    );
+    // The same size is fine where it is not overallocated, and then fails only when the
+    // buffer is asked for, naming the allocation.
+    let strict_big = WorkspaceConfig::builder()
+        .initial_size(big)
+        .policy_allocation(AllocationPolicy::Strict)
+        .build()
+        .expect("isize::MAX x 0.9 is a valid size");
+    assert!(workspaces()
+        .get_and_activate(&strict_big, "TOO_BIG")
+        .is_err());
+    assert!(!workspaces().exists("TOO_BIG"));
+    // A circular ring of initial_size slots, overallocated past isize::MAX.
+    let e = config_error(
+        WorkspaceConfig::builder()
+            .initial_size(big)
+            .policy_reset(ResetPolicy::EndOfBuffer)
+            .overallocation_limit(1.0)
+            .build(),
+    );
+    assert!(e.contains("WorkspaceConfig::initial_size"), "{e}");
+    assert!(WorkspaceConfig::builder()
+        .initial_size(max)
+        .build()
+        .is_err());
+    assert!(WorkspaceConfig::builder()
+        .initial_size(usize::MAX)
+        .build()
+        .is_err());
+}
+
+#[test]
 fn every_allocation_is_aligned_to_the_workspace_or_the_layout() {
     // Semantics §2.1: offsets rounded to max(alignment, layout.align()); padding is used.
     let cfg = strict().initial_size(4096).alignment(64).build().unwrap();
