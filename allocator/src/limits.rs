@@ -2,9 +2,10 @@
 //! written, where the values come from and what they default to (semantics §1).
 //!
 //! Sizes are binary multiples (`64K` = 65536), case-insensitive, with an optional `B` or
-//! `iB`, or a percentage of physical RAM (`50%`). Garbage is an error naming the variable and
-//! the value, never a silent default. `0` in an environment variable means "no limit", as
-//! JavaCPP's `maxbytes=0` does.
+//! `iB`, or a percentage of physical RAM (`50%`; in `NDMEM_MAX_DEVICE_BYTES`, of each
+//! device's memory, resolved per device by the device layer). Garbage is an error naming
+//! the variable and the value, never a silent default. `0` in an environment variable
+//! means "no limit", as JavaCPP's `maxbytes=0` does.
 
 use crate::error::ConfigError;
 use crate::physical::physical_ram;
@@ -36,17 +37,49 @@ pub fn parse_size(text: &str) -> Result<usize, ConfigError> {
     })
 }
 
-/// [`parse_size`] for a named variable, so the error says which one was wrong.
+/// [`parse_size`] for a named variable, so the error says which one was wrong. A
+/// percentage in [`ENV_MAX_DEVICE_BYTES`] is of each device's memory, and its errors say
+/// so; in the other variables it is of RAM.
 pub(crate) fn parse_size_named(variable: &str, text: &str) -> Result<usize, ConfigError> {
-    parse_size_bytes(text.as_bytes()).map_err(|reason| ConfigError::InvalidSize {
+    let whole_of = if variable == ENV_MAX_DEVICE_BYTES {
+        PercentOf::Device
+    } else {
+        PercentOf::Ram
+    };
+    parse_size_of(text.as_bytes(), whole_of).map_err(|reason| ConfigError::InvalidSize {
         variable: variable.into(),
         value: text.into(),
         reason,
     })
 }
 
-/// The parser itself. It allocates nothing, so the global allocator can use it.
+/// What a percentage is a share of, for the wording of its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PercentOf {
+    /// Physical RAM (`NDMEM_MAX_HEAP`, `NDMEM_MAX_BYTES`, `NDMEM_MAX_PHYSICAL_BYTES`).
+    Ram,
+    /// Each device's memory (`NDMEM_MAX_DEVICE_BYTES`, resolved per device when it is
+    /// opened).
+    Device,
+}
+
+impl PercentOf {
+    fn over_100(self) -> SizeError {
+        match self {
+            PercentOf::Ram => "a percentage of RAM cannot exceed 100%",
+            PercentOf::Device => "a percentage of each device's memory cannot exceed 100%",
+        }
+    }
+}
+
+/// The parser itself, percentages of RAM. It allocates nothing, so the global allocator
+/// can use it.
 pub(crate) fn parse_size_bytes(text: &[u8]) -> Result<usize, SizeError> {
+    parse_size_of(text, PercentOf::Ram)
+}
+
+/// [`parse_size_bytes`], a percentage's errors worded for `whole_of`.
+fn parse_size_of(text: &[u8], whole_of: PercentOf) -> Result<usize, SizeError> {
     let text = text.trim_ascii();
     if text.is_empty() {
         return Err("it is empty");
@@ -66,7 +99,7 @@ pub(crate) fn parse_size_bytes(text: &[u8]) -> Result<usize, SizeError> {
         // Percent of RAM: whole.fraction / 100 * ram, computed in integers.
         let (scaled, denominator) = scale_decimal(whole, fraction)?;
         if scaled > 100 * denominator {
-            return Err("a percentage of RAM cannot exceed 100%");
+            return Err(whole_of.over_100());
         }
         let ram = physical_ram() as u128;
         let bytes = ram * scaled / (100 * denominator);
@@ -481,6 +514,38 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("NDMEM_MAX_PHYSICAL_BYTES"), "{msg}");
         assert!(msg.contains("\"lots\""), "{msg}");
+    }
+
+    #[test]
+    fn a_percentage_over_100_names_what_it_is_a_share_of() {
+        // RAM for the host budgets, each device's memory for the device budget.
+        assert!(parse_size("150%")
+            .unwrap_err()
+            .to_string()
+            .contains("a percentage of RAM cannot exceed 100%"));
+        for name in [ENV_MAX_HEAP, ENV_MAX_BYTES, ENV_MAX_PHYSICAL_BYTES] {
+            let env = HashMap::from([(name, "150%")]);
+            let msg = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string())))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains(name), "{msg}");
+            assert!(msg.contains("\"150%\""), "{msg}");
+            assert!(
+                msg.contains("a percentage of RAM cannot exceed 100%"),
+                "{msg}"
+            );
+        }
+        let env = HashMap::from([(ENV_MAX_DEVICE_BYTES, "150%")]);
+        let msg = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string())))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(ENV_MAX_DEVICE_BYTES), "{msg}");
+        assert!(msg.contains("\"150%\""), "{msg}");
+        assert!(
+            msg.contains("a percentage of each device's memory cannot exceed 100%"),
+            "{msg}"
+        );
+        assert!(!msg.contains("RAM"), "{msg}");
     }
 
     #[test]

@@ -282,6 +282,9 @@ pub struct TraceState {
 pub struct Snapshot {
     /// The tracking allocator's figures (all zero unless it is the global allocator).
     pub heap: HeapStats,
+    /// Whether an [`ndmem_alloc::Tracking`] allocator is the global allocator
+    /// ([`heap::is_tracking`]); when not, every heap figure is 0 and the summary says why.
+    pub heap_tracked: bool,
     /// The heap's PyTorch-style counters.
     pub heap_counters: BudgetCounters,
     /// The pools: the global one and those registered, or those asked for.
@@ -376,6 +379,7 @@ fn take(pools: Vec<(String, &'static Pool)>) -> Snapshot {
     Snapshot {
         heap_counters: BudgetCounters::of_heap(&heap),
         heap,
+        heap_tracked: heap::is_tracking(),
         pools,
         workspaces: all_workspaces()
             .into_iter()

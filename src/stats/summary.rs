@@ -13,10 +13,13 @@ use super::{
     BudgetCounters, PoolSnapshot, Reclamation, ScopeSnapshot, Snapshot, Stat, WorkspaceEntry,
 };
 
-const RULE: &str =
-    "|-------------------------------------------------------------------------------------|";
-const DOUBLE: &str =
-    "|=====================================================================================|";
+/// Characters of the label column of a budget row.
+const LABEL: usize = 30;
+/// The narrowest a figure column is; a wider figure widens all four.
+const MIN_CELL: usize = 11;
+/// The heap row when no [`ndmem_alloc::Tracking`] is the global allocator.
+const HEAP_UNTRACKED_LABEL: &str = "heap bytes (not tracked)";
+const HEAP_UNTRACKED_HINT: &str = "install ndmem_alloc::Tracking as #[global_allocator]";
 
 fn bytes(n: u64) -> String {
     ByteSize(usize::try_from(n).unwrap_or(usize::MAX)).to_string()
@@ -31,27 +34,93 @@ fn fit(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         text.to_string()
     } else {
-        let mut cut: String = text.chars().take(width - 1).collect();
+        let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
         cut.push('~');
         cut
     }
 }
 
-/// One table row: a label and four figures.
-fn row(f: &mut fmt::Formatter<'_>, label: &str, cells: [String; 4]) -> fmt::Result {
-    writeln!(
-        f,
-        "| {:<30} | {:>11} | {:>11} | {:>11} | {:>11} |",
-        fit(label, 30),
-        cells[0],
-        cells[1],
-        cells[2],
-        cells[3]
-    )
+/// What the budget part of the table holds in a row beside its label.
+enum Figures {
+    /// Four figures, one a column.
+    Cells([String; 4]),
+    /// One text across the four figure columns.
+    Span(String),
 }
 
-fn line(f: &mut fmt::Formatter<'_>, text: &str) -> fmt::Result {
-    writeln!(f, "| {:<83} |", fit(text, 83))
+/// The widths of the summary table, derived from the figures it prints, so that every
+/// line (borders, budget rows, text lines) comes out equally wide.
+#[derive(Clone, Copy)]
+struct Table {
+    /// Characters of each of the four figure columns.
+    cell: usize,
+}
+
+impl Table {
+    /// The table for these budget rows: each figure column as wide as the widest figure,
+    /// at least [`MIN_CELL`].
+    fn for_rows(rows: &[(String, Figures)]) -> Table {
+        let cell = rows
+            .iter()
+            .filter_map(|(_, figures)| match figures {
+                Figures::Cells(cells) => cells.iter().map(|c| c.chars().count()).max(),
+                Figures::Span(_) => None,
+            })
+            .fold(MIN_CELL, usize::max);
+        Table { cell }
+    }
+
+    /// Characters between the `| ` and the ` |` of every line.
+    fn inner(self) -> usize {
+        LABEL + 4 * (" | ".len() + self.cell)
+    }
+
+    /// Characters the four figure columns and the three separators between them take.
+    fn span(self) -> usize {
+        4 * self.cell + 3 * " | ".len()
+    }
+
+    /// A border: `|`, `fill` across, `|`.
+    fn rule(self, fill: char) -> String {
+        let fill: String = std::iter::repeat(fill).take(self.inner() + 2).collect();
+        format!("|{fill}|")
+    }
+
+    /// A border line.
+    fn border(self, f: &mut fmt::Formatter<'_>, fill: char) -> fmt::Result {
+        writeln!(f, "{}", self.rule(fill))
+    }
+
+    /// One budget row: a label and its figures.
+    fn row(self, f: &mut fmt::Formatter<'_>, label: &str, figures: &Figures) -> fmt::Result {
+        write!(f, "| {:<LABEL$} |", fit(label, LABEL))?;
+        match figures {
+            Figures::Cells(cells) => {
+                for cell in cells {
+                    write!(f, " {:>width$} |", fit(cell, self.cell), width = self.cell)?;
+                }
+                writeln!(f)
+            }
+            Figures::Span(text) => {
+                writeln!(
+                    f,
+                    " {:<width$} |",
+                    fit(text, self.span()),
+                    width = self.span()
+                )
+            }
+        }
+    }
+
+    /// One line of text across the table, cut to fit.
+    fn line(self, f: &mut fmt::Formatter<'_>, text: &str) -> fmt::Result {
+        writeln!(
+            f,
+            "| {:<width$} |",
+            fit(text, self.inner()),
+            width = self.inner()
+        )
+    }
 }
 
 fn byte_cells(s: &Stat) -> [String; 4] {
@@ -168,58 +237,89 @@ impl fmt::Display for Reclamation {
     }
 }
 
-impl fmt::Display for Snapshot {
-    /// The memory summary: one table, a row per budget (current, peak, allocated, freed,
-    /// `-` where no peak is kept), then workspaces, scopes, reclamation and devices.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{DOUBLE}")?;
-        line(f, "                         ndmem memory summary")?;
-        writeln!(f, "{DOUBLE}")?;
-        row(
-            f,
-            "budget",
-            [
-                "current".into(),
-                "peak".into(),
-                "allocated".into(),
-                "freed".into(),
-            ],
-        )?;
-        writeln!(f, "{RULE}")?;
-        row(f, "heap bytes", byte_cells(&self.heap_counters.bytes))?;
-        if let Some(count) = &self.heap_counters.count {
-            row(f, "heap allocations", count_cells(count))?;
+impl Snapshot {
+    /// The budget rows of the summary: the heap, each pool and each device.
+    fn budget_rows(&self) -> Vec<(String, Figures)> {
+        let mut rows = Vec::new();
+        if self.heap_tracked {
+            rows.push((
+                "heap bytes".to_string(),
+                Figures::Cells(byte_cells(&self.heap_counters.bytes)),
+            ));
+            if let Some(count) = &self.heap_counters.count {
+                rows.push((
+                    "heap allocations".to_string(),
+                    Figures::Cells(count_cells(count)),
+                ));
+            }
+        } else {
+            // Every heap figure is 0 without the tracking allocator: say why.
+            rows.push((
+                HEAP_UNTRACKED_LABEL.to_string(),
+                Figures::Span(HEAP_UNTRACKED_HINT.to_string()),
+            ));
         }
         for pool in &self.pools {
             let c = &pool.counters;
-            row(
-                f,
-                &format!("pool [{}] live", pool.name),
-                byte_cells(&c.bytes),
-            )?;
-            row(
-                f,
-                &format!("pool [{}] live+cached", pool.name),
-                reserved_cells(&c.reserved),
-            )?;
+            rows.push((
+                format!("pool [{}] live", pool.name),
+                Figures::Cells(byte_cells(&c.bytes)),
+            ));
+            rows.push((
+                format!("pool [{}] live+cached", pool.name),
+                Figures::Cells(reserved_cells(&c.reserved)),
+            ));
             if let Some(count) = &c.count {
-                row(
-                    f,
-                    &format!("pool [{}] blocks", pool.name),
-                    count_cells(count),
-                )?;
+                rows.push((
+                    format!("pool [{}] blocks", pool.name),
+                    Figures::Cells(count_cells(count)),
+                ));
             }
         }
         for d in &self.devices {
             let c = &d.counters;
-            row(f, &format!("device [{}] live", d.id), byte_cells(&c.bytes))?;
-            row(
-                f,
-                &format!("device [{}] live+cached", d.id),
-                reserved_cells(&c.reserved),
-            )?;
+            rows.push((
+                format!("device [{}] live", d.id),
+                Figures::Cells(byte_cells(&c.bytes)),
+            ));
+            rows.push((
+                format!("device [{}] live+cached", d.id),
+                Figures::Cells(reserved_cells(&c.reserved)),
+            ));
         }
-        writeln!(f, "{RULE}")?;
+        rows
+    }
+}
+
+impl fmt::Display for Snapshot {
+    /// The memory summary: one table, a row per budget (current, peak, allocated, freed,
+    /// `-` where no peak is kept), then workspaces, scopes, reclamation and devices. Every
+    /// line is equally wide: the figure columns widen to the widest figure. Without the
+    /// tracking allocator the heap row says so instead of printing zeros.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rows = self.budget_rows();
+        let table = Table::for_rows(&rows);
+        table.border(f, '=')?;
+        table.line(
+            f,
+            &format!("{:^width$}", "ndmem memory summary", width = table.inner()),
+        )?;
+        table.border(f, '=')?;
+        table.row(
+            f,
+            "budget",
+            &Figures::Cells([
+                "current".into(),
+                "peak".into(),
+                "allocated".into(),
+                "freed".into(),
+            ]),
+        )?;
+        table.border(f, '-')?;
+        for (label, figures) in &rows {
+            table.row(f, label, figures)?;
+        }
+        table.border(f, '-')?;
         let mut limits = format!("limits: heap {}", limit(self.heap.limit));
         for pool in &self.pools {
             limits.push_str(&format!(
@@ -245,11 +345,11 @@ impl fmt::Display for Snapshot {
                 ByteSize(d.stats.pinned_bytes)
             ));
         }
-        for chunk in wrap(&limits, 83) {
-            line(f, &chunk)?;
+        for chunk in wrap(&limits, table.inner()) {
+            table.line(f, &chunk)?;
         }
-        writeln!(f, "{RULE}")?;
-        line(
+        table.border(f, '-')?;
+        table.line(
             f,
             &format!(
                 "{:<30} {:>9} {:>9} {:>9} {:>9} {:>6}",
@@ -257,11 +357,11 @@ impl fmt::Display for Snapshot {
             ),
         )?;
         if self.workspaces.is_empty() {
-            line(f, "  (none)")?;
+            table.line(f, "  (none)")?;
         }
         for w in &self.workspaces {
             let s = &w.stats;
-            line(
+            table.line(
                 f,
                 &format!(
                     "{:<30} {:>9} {:>9} {:>9} {:>9} {:>6}",
@@ -274,12 +374,12 @@ impl fmt::Display for Snapshot {
                 ),
             )?;
         }
-        writeln!(f, "{RULE}")?;
+        table.border(f, '-')?;
         for scope in &self.scopes {
-            line(f, &scope.to_string())?;
+            table.line(f, &scope.to_string())?;
         }
-        writeln!(f, "{RULE}")?;
-        line(
+        table.border(f, '-')?;
+        table.line(
             f,
             &format!(
                 "{}; devices: {}; trace: {}",
@@ -296,7 +396,8 @@ impl fmt::Display for Snapshot {
                 }
             ),
         )?;
-        write!(f, "{DOUBLE}")
+        // The last border without a newline after it.
+        f.write_str(&table.rule('='))
     }
 }
 
@@ -305,7 +406,7 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for part in text.split("; ") {
         match out.last_mut() {
-            Some(last) if last.len() + 2 + part.len() <= width => {
+            Some(last) if last.chars().count() + 2 + part.chars().count() <= width => {
                 last.push_str("; ");
                 last.push_str(part);
             }
@@ -313,4 +414,78 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(all(test, not(ndmem_loom)))]
+mod tests {
+    use super::*;
+    use ndmem_alloc::{HeapStats, PoolStats};
+
+    fn snapshot(heap_tracked: bool, pool_counters: BudgetCounters) -> Snapshot {
+        Snapshot {
+            heap: HeapStats::default(),
+            heap_tracked,
+            heap_counters: BudgetCounters {
+                count: Some(Stat::default()),
+                ..BudgetCounters::default()
+            },
+            pools: vec![PoolSnapshot {
+                name: "a pool whose name is longer than the label column".into(),
+                stats: PoolStats::default(),
+                counters: pool_counters,
+            }],
+            workspaces: Vec::new(),
+            scopes: Vec::new(),
+            devices: Vec::new(),
+            reclamation: Reclamation::default(),
+            trace: super::super::TraceState::default(),
+        }
+    }
+
+    fn widths(summary: &str) -> Vec<usize> {
+        summary.lines().map(|l| l.chars().count()).collect()
+    }
+
+    #[test]
+    fn borders_rows_and_lines_are_equally_wide() {
+        let summary = snapshot(true, BudgetCounters::default()).to_string();
+        let widths = widths(&summary);
+        assert!(widths.iter().all(|w| *w == widths[0]), "{summary}");
+        assert_eq!(widths[0], 2 + LABEL + 4 * (3 + MIN_CELL) + 2, "{summary}");
+        assert!(summary.contains("| heap allocations"), "{summary}");
+    }
+
+    #[test]
+    fn a_figure_wider_than_its_column_widens_the_whole_table() {
+        let huge = Stat {
+            current: u64::MAX,
+            peak: Some(u64::MAX),
+            allocated: u64::MAX,
+            freed: 0,
+        };
+        let counters = BudgetCounters {
+            count: Some(huge),
+            ..BudgetCounters::default()
+        };
+        let summary = snapshot(true, counters).to_string();
+        assert!(summary.contains(&u64::MAX.to_string()), "{summary}");
+        let widths = widths(&summary);
+        assert!(widths.iter().all(|w| *w == widths[0]), "{summary}");
+        let digits = u64::MAX.to_string().len();
+        assert_eq!(widths[0], 2 + LABEL + 4 * (3 + digits) + 2, "{summary}");
+    }
+
+    #[test]
+    fn an_untracked_heap_says_how_to_track_it() {
+        let summary = snapshot(false, BudgetCounters::default()).to_string();
+        let heap: Vec<&str> = summary
+            .lines()
+            .filter(|l| l.starts_with("| heap"))
+            .collect();
+        assert_eq!(heap.len(), 1, "{summary}");
+        assert!(heap[0].contains(HEAP_UNTRACKED_LABEL), "{summary}");
+        assert!(heap[0].contains(HEAP_UNTRACKED_HINT), "{summary}");
+        let widths = widths(&summary);
+        assert!(widths.iter().all(|w| *w == widths[0]), "{summary}");
+    }
 }

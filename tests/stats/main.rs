@@ -578,3 +578,68 @@ fn devices_join_the_snapshot_and_their_refusals_the_timeline() {
     );
     drop(held);
 }
+
+/// Panics unless every line of `summary` is as wide as the first, in characters.
+fn assert_lines_equally_wide(summary: &str) {
+    let width = summary.lines().next().unwrap().chars().count();
+    for line in summary.lines() {
+        assert_eq!(
+            line.chars().count(),
+            width,
+            "line {line:?} is not {width} characters wide:\n{summary}"
+        );
+        assert!(line.starts_with('|') && line.ends_with('|'), "{line:?}");
+    }
+}
+
+#[test]
+fn every_line_of_the_summary_is_equally_wide() {
+    // A fresh snapshot: an untouched pool of its own, nothing in it.
+    let fresh = own_source(1 << 20);
+    assert_lines_equally_wide(&stats::snapshot_of(&[fresh]).to_string());
+    // Pool blocks, cache, a workspace with a cycle and a non-ASCII thread name.
+    let source = own_source(8 << 20);
+    let block = source.pool().allocate(40_000, 64).unwrap();
+    drop(source.pool().allocate(3000, 64).unwrap());
+    let config = WorkspaceConfig::builder().source(source).build().unwrap();
+    std::thread::Builder::new()
+        .name("größe-µ".into())
+        .spawn(move || {
+            let ws = workspaces();
+            let g = ws.get_and_activate(&config, "STATS_WIDTH").unwrap();
+            g.alloc(Layout::from_size_align(5000, 16).unwrap()).unwrap();
+            let summary = stats::snapshot_of(&[source]).to_string();
+            assert!(summary.contains("[STATS_WIDTH] größe-µ"), "{summary}");
+            assert_lines_equally_wide(&summary);
+            drop(g);
+            ws.destroy("STATS_WIDTH").unwrap();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_lines_equally_wide(&stats::memory_summary());
+    drop(block);
+}
+
+#[test]
+fn without_the_tracking_allocator_the_heap_row_says_so() {
+    // This binary's global allocator counts per thread; it is not `Tracking`.
+    assert!(!ndmem::alloc::heap::is_tracking());
+    let snap = stats::snapshot_of(&[own_source(1 << 20)]);
+    assert!(!snap.heap_tracked);
+    let summary = snap.to_string();
+    let heap_rows: Vec<&str> = summary
+        .lines()
+        .filter(|l| l.starts_with("| heap"))
+        .collect();
+    assert_eq!(heap_rows.len(), 1, "{summary}");
+    assert!(heap_rows[0].contains("not tracked"), "{summary}");
+    assert!(
+        heap_rows[0].contains("install ndmem_alloc::Tracking as #[global_allocator]"),
+        "{summary}"
+    );
+    assert_lines_equally_wide(&summary);
+    // The PyTorch-style keys keep their figures (zero here).
+    let keys: BTreeMap<_, _> = snap.pytorch_keys().into_iter().collect();
+    assert_eq!(keys["ndmem.heap.current"], 0);
+}
