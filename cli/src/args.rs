@@ -39,7 +39,8 @@ pub enum Command {
     /// Show the effective memory limits, where each came from, the workspace debug mode,
     /// heap and pool statistics, and whether a CUDA driver is present.
     Limits,
-    /// Re-render the SVG chart from a JSON report of `ndmem train`.
+    /// Print the table and comparisons of a JSON report of `ndmem train`, or the events of
+    /// a timeline (NDMEM_TRACE=trace.json), and draw its SVG chart beside it.
     Report(ReportArgs),
 }
 
@@ -103,8 +104,10 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PREFETCH,
           allow_negative_numbers = true, value_parser = prefetch_depth)]
     pub prefetch: usize,
-    /// Off-heap limit of the global pool for this run, e.g. 64M (0: unlimited);
-    /// default: NDMEM_MAX_BYTES or half of RAM.
+    /// Off-heap limit of the global pool for this run, e.g. 64M, 8GiB, 1T or 50% of RAM
+    /// (0: unlimited); default: NDMEM_MAX_BYTES or half of RAM. With --device it also caps
+    /// the device's limit, min(SIZE, 90% of the device), unless NDMEM_MAX_DEVICE_BYTES is
+    /// set.
     #[arg(long, value_name = "SIZE", allow_negative_numbers = true, value_parser = size)]
     pub max_bytes: Option<usize>,
     /// Train on a device: `cuda:N` (`cuda` is `cuda:0`) or `sim` (a device simulated in
@@ -158,12 +161,23 @@ impl TrainArgs {
 /// Options of `ndmem report`.
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
-    /// A JSON report written by `ndmem train`.
+    /// A JSON report written by `ndmem train`, or a timeline written by
+    /// `NDMEM_TRACE=FILE ndmem train` or `ndmem::trace::dump`.
     #[arg(value_name = "JSON", default_value = "ndmem-report.json")]
     pub json: PathBuf,
-    /// Where to write the SVG.
-    #[arg(short, long, value_name = "SVG", default_value = "ndmem-report.svg")]
-    pub output: PathBuf,
+    /// Where to write the SVG (default: JSON with its extension replaced by .svg, e.g.
+    /// ndmem-report.svg, trace.svg); never the JSON itself.
+    #[arg(short, long, value_name = "SVG")]
+    pub output: Option<PathBuf>,
+}
+
+impl ReportArgs {
+    /// The SVG to write: `-o`, or the JSON's path with its extension replaced by `.svg`.
+    pub fn svg(&self) -> PathBuf {
+        self.output
+            .clone()
+            .unwrap_or_else(|| crate::paths::default_svg(&self.json))
+    }
 }
 
 /// Most passes over the training rows (`train` also bounds the steps they make).
@@ -239,7 +253,7 @@ fn size(text: &str) -> Result<usize, String> {
     match ndmem::alloc::parse_size(text) {
         Ok(bytes) => Ok(bytes),
         Err(ndmem::alloc::ConfigError::InvalidSize { reason, .. }) => Err(format!(
-            "{reason} (expected e.g. 1048576, 64K, 512M, 8GiB or 50%)"
+            "{reason} (expected e.g. 1048576, 64K, 512M, 8GiB, 1T or 50%)"
         )),
         Err(other) => Err(other.to_string()),
     }
@@ -334,7 +348,21 @@ mod tests {
         let Some(Command::Report(args)) = cli.command else {
             panic!("report expected")
         };
-        assert_eq!((args.json, args.output), ("r.json".into(), "r.svg".into()));
+        assert_eq!((args.svg(), args.json), ("r.svg".into(), "r.json".into()));
+        // Without -o, the SVG is the input with its extension replaced.
+        let svg = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Some(Command::Report(args)) => args.svg(),
+            _ => panic!("report expected"),
+        };
+        assert_eq!(svg(&["ndmem", "report"]), PathBuf::from("ndmem-report.svg"));
+        assert_eq!(
+            svg(&["ndmem", "report", "t/trace.json"]),
+            PathBuf::from("t/trace.svg")
+        );
+        assert_eq!(
+            svg(&["ndmem", "report", "trace"]),
+            PathBuf::from("trace.svg")
+        );
         assert!(matches!(
             Cli::try_parse_from(["ndmem", "limits"]).unwrap().command,
             Some(Command::Limits)

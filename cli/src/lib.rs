@@ -110,23 +110,26 @@ fn fail(failure: Failure) -> ExitCode {
     ExitCode::from(failure.code)
 }
 
-/// `ndmem report`: reads a JSON report, prints its table and verdict, and writes its SVG
-/// (never over the JSON it reads).
+/// `ndmem report`: reads a JSON report, prints its table, verdict and mode comparisons as
+/// `train` does, and writes its SVG (by default beside the JSON, never over it).
 fn render_report(args: &args::ReportArgs) -> Result<(), Failure> {
-    paths::check_report_paths(&args.json, &args.output).map_err(Failure::config)?;
+    let svg = args.svg();
+    paths::check_report_paths(&args.json, &svg).map_err(Failure::config)?;
     // A timeline file (NDMEM_TRACE, ndmem::trace::dump) is told by its content.
     let text = std::fs::read_to_string(&args.json).unwrap_or_default();
     if timeline::is_trace(&text) {
         let trace = timeline::Trace::parse(&text, &args.json).map_err(Failure::config)?;
         outln!("{}", trace.summary().trim_end());
-        timeline::write(&trace, &args.output).map_err(Failure::runtime)?;
-        outln!("wrote {}", args.output.display());
+        timeline::write(&trace, &svg).map_err(Failure::runtime)?;
+        outln!("wrote {}", svg.display());
         return Ok(());
     }
     let report = report::Report::read_json(&args.json).map_err(Failure::config)?;
     outln!("{}", report.table().trim_end());
+    outln!();
     outln!("{}", report.agreement().verdict());
-    chart::write(&report, &args.output).map_err(Failure::runtime)?;
-    outln!("wrote {}", args.output.display());
+    train::print_comparison(&report);
+    chart::write(&report, &svg).map_err(Failure::runtime)?;
+    outln!("wrote {}", svg.display());
     Ok(())
 }

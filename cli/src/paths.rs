@@ -102,11 +102,18 @@ pub fn check_train_paths(out_dir: &Path, json: &Path, svg: &Path) -> Result<(), 
     Ok(())
 }
 
+/// The SVG `ndmem report` writes without `-o`: `json` with its extension replaced by
+/// `.svg` (`ndmem-report.json` -> `ndmem-report.svg`, `trace.json` -> `trace.svg`), or
+/// with `.svg` appended when it has none.
+pub fn default_svg(json: &Path) -> PathBuf {
+    json.with_extension("svg")
+}
+
 /// The checks of `ndmem report`: the SVG can be written and is not the JSON read.
 pub fn check_report_paths(json: &Path, svg: &Path) -> Result<(), String> {
     if same_file(json, svg) {
         return Err(format!(
-            "-o {} names the JSON report being read: choose another file for the SVG",
+            "the SVG {} names the JSON report being read: choose another file with -o",
             svg.display()
         ));
     }
@@ -138,5 +145,24 @@ mod tests {
             .unwrap_err()
             .contains("not a directory"));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_default_svg_replaces_the_extension() {
+        for (json, svg) in [
+            ("ndmem-report.json", "ndmem-report.svg"),
+            ("out/trace.json", "out/trace.svg"),
+            ("trace", "trace.svg"),
+            ("run.1.json", "run.1.svg"),
+        ] {
+            assert_eq!(default_svg(Path::new(json)), Path::new(svg), "{json}");
+        }
+        // An input that already ends in .svg would be overwritten: refused.
+        let error =
+            check_report_paths(Path::new("x.svg"), &default_svg(Path::new("x.svg"))).unwrap_err();
+        assert!(
+            error.contains("names the JSON report being read"),
+            "{error}"
+        );
     }
 }

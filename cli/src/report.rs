@@ -337,14 +337,29 @@ impl Report {
         Ok(())
     }
 
-    /// The highest off-heap used peak of any mode: the smallest `--max-bytes` that runs
-    /// every mode of this report.
-    pub fn limit_needed(&self) -> usize {
-        self.modes
+    /// The smallest `--max-bytes` that runs every mode of this report, and what sets it:
+    /// the highest off-heap used peak or, when the modes ran on a device and its peak is
+    /// higher, the highest device peak (`--max-bytes` also caps the device's limit).
+    pub fn limit_needed(&self) -> (usize, LimitBasis) {
+        let off_heap = self
+            .modes
             .iter()
             .map(|m| m.peak_pool_used_bytes)
             .max()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        match self.device_peak() {
+            Some(device) if device > off_heap => (device, LimitBasis::Device),
+            Some(_) => (off_heap, LimitBasis::OffHeapAboveDevice),
+            None => (off_heap, LimitBasis::OffHeap),
+        }
+    }
+
+    /// The highest device peak of any mode, or `None` when no mode ran on a device.
+    pub fn device_peak(&self) -> Option<usize> {
+        self.modes
+            .iter()
+            .filter_map(|m| m.device.as_ref().map(|d| d.peak_bytes))
+            .max()
     }
 
     /// The summary table, one row per mode under a two-line header, then what the columns
@@ -438,18 +453,72 @@ impl Report {
         }
         out.push_str(TABLE_NOTE);
         if !self.modes.is_empty() {
-            out.push_str(&format!(
-                "--max-bytes {} or more runs {} (the highest off-heap used peak).\n",
-                size_up(self.limit_needed()),
+            let (bytes, basis) = self.limit_needed();
+            let mut sentence = format!(
+                "--max-bytes {} or more runs {} ({}).",
+                size_up(bytes),
                 if self.modes.len() == 1 {
                     "this mode".to_string()
                 } else {
                     format!("these {} modes", self.modes.len())
-                }
-            ));
+                },
+                basis.describe()
+            );
+            if self.graph.is_some() {
+                // Its peaks are not recorded; its graph memory can need more.
+                sentence.push_str(" The --graph run is not counted in it.");
+            }
+            out.push_str(&wrap(&sentence, 80));
         }
         out
     }
+}
+
+/// What sets the smallest `--max-bytes` that runs a report's modes
+/// ([`Report::limit_needed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitBasis {
+    /// The highest off-heap used peak; the modes ran on the host.
+    OffHeap,
+    /// The highest off-heap used peak, at least the highest device peak.
+    OffHeapAboveDevice,
+    /// The highest device peak: with `--device`, `--max-bytes` also caps the device's
+    /// limit (min(max_bytes, 90% of the device) unless `NDMEM_MAX_DEVICE_BYTES` is set).
+    Device,
+}
+
+impl LimitBasis {
+    /// The words in the table's parenthesis.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LimitBasis::OffHeap => "the highest off-heap used peak",
+            LimitBasis::OffHeapAboveDevice => {
+                "the highest off-heap used peak, which also covers the device peak"
+            }
+            LimitBasis::Device => "the highest device peak; --max-bytes also caps the device",
+        }
+    }
+}
+
+/// `text` broken at spaces into lines of at most `width` columns (a longer word stands
+/// alone), each ending in a newline.
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
 }
 
 /// What the table's columns measure (lines of at most 80 columns).
@@ -685,6 +754,47 @@ mod tests {
             .unwrap_err()
             .contains("not an ndmem report"));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_suggested_limit_covers_the_device_peak_too() {
+        let on_device = |peak_bytes: usize| {
+            let mut m = mode("pool", &[1.0]);
+            m.device = Some(DeviceReport {
+                device: "sim:0 simulated device".into(),
+                peak_bytes,
+                driver_allocations: 1,
+                first_step_driver_allocations: 1,
+                driver_allocations_per_step: 0.0,
+                htod_per_step: 2.0,
+                dtoh_per_step: 1.0,
+                htod_bytes: 64,
+                dtoh_bytes: 4,
+            });
+            m
+        };
+        // On the host: the off-heap used peak (8 KiB).
+        let host = report(vec![mode("pool", &[1.0]), mode("scopes", &[1.0])]);
+        assert_eq!(host.limit_needed(), (8192, LimitBasis::OffHeap));
+        // A device peak above it sets the limit, and the table says so.
+        let r = report(vec![on_device(17_920), on_device(12_000)]);
+        assert_eq!(r.limit_needed(), (17_920, LimitBasis::Device));
+        let table = r.table();
+        let tail = table
+            .split("--max-bytes 17.5K or more runs these 2 modes")
+            .nth(1);
+        assert!(
+            tail.is_some_and(|t| t.split_whitespace().collect::<Vec<_>>().join(" ")
+                == "(the highest device peak; --max-bytes also caps the device)."),
+            "{table}"
+        );
+        assert!(table.lines().all(|l| l.chars().count() <= 80), "{table}");
+        // A device peak below the off-heap one leaves the off-heap figure.
+        let r = report(vec![on_device(4096)]);
+        assert_eq!(r.limit_needed(), (8192, LimitBasis::OffHeapAboveDevice));
+        assert!(r
+            .table()
+            .contains("--max-bytes 8.00K or more runs this mode (the highest off-heap used peak,"));
     }
 
     #[test]

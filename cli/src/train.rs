@@ -112,7 +112,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         .map_err(Failure::config)?;
     let pool = Pool::try_global().map_err(|e| Failure::config(e.to_string()))?;
     if let Some(limit) = options.max_bytes {
-        pool.set_max_bytes(Some(limit))
+        pool.set_max_bytes_by(Some(limit), "--max-bytes")
             .map_err(|e| Failure::config(format!("--max-bytes {}: {e}", ByteSize(limit))))?;
     }
     let device = match options.device {
@@ -217,20 +217,11 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
             run_mode(mode, options, &split, dims, &bar, device.as_ref()).map_err(|e| {
                 // The error line says which mode and step failed; no half-drawn bar stays.
                 bar.finish_and_clear();
-                let set_by = match (&e, options.max_bytes) {
-                    (StepError::Memory(_), Some(limit)) => {
-                        format!(" (the limit was set by --max-bytes {})", ByteSize(limit))
-                    }
-                    _ => String::new(),
-                };
                 let e = match e {
                     StepError::Memory(e) => e,
                     StepError::Diverged(e) => format!("{e}: lower --lr (now {:?})", options.lr),
                 };
-                Failure::runtime(format!(
-                    "training in {} mode failed {e}{set_by}",
-                    mode.name()
-                ))
+                Failure::runtime(format!("training in {} mode failed {e}", mode.name()))
             })?;
         if keep_bars {
             bar.finish_with_message(format!(
@@ -485,8 +476,9 @@ fn batches(
     started.map_err(|e| format!("starting the batch producer: {e}"))
 }
 
-/// One line comparing `workspaces` (and `scopes`) with `pool`, when they ran.
-fn print_comparison(report: &Report) {
+/// One line comparing `workspaces` (and `scopes`) with `pool`, when they ran (`train` and
+/// `report` print them after the verdict).
+pub(crate) fn print_comparison(report: &Report) {
     let find = |name: &str| report.modes.iter().find(|m| m.mode == name);
     let Some(pool) = find("pool") else { return };
     for other in [find("workspaces"), find("scopes")].into_iter().flatten() {
@@ -568,9 +560,13 @@ fn run_mode(
     device: Option<&Device>,
 ) -> Result<ModeReport, StepError> {
     let pool = Pool::global();
-    // Start from a cold pool: memory deferred or cached by an earlier mode goes back.
+    // Start from cold pools: memory deferred or cached by an earlier mode goes back, on
+    // the device too, so each mode's driver allocations are its own.
     reclaim::collect();
     pool.trim();
+    if let Some(gpu) = device {
+        gpu.trim();
+    }
     let total = usize::try_from(bar.length().unwrap_or(0)).unwrap_or(usize::MAX);
     let mut series = Series::with_capacity(total)?;
     let mut peak_heap = 0;

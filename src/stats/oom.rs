@@ -224,7 +224,19 @@ fn limit_advice(error: &AllocError, pool: Option<&'static Pool>) -> String {
         _ => return "free memory or raise the limit".into(),
     };
     if let MemoryKind::Device(_) = kind {
-        return format!("raise {ENV_MAX_DEVICE_BYTES} (now {})", ByteSize(limit));
+        // Unset, the device limit follows the host pool's: name what set that, if named.
+        let knob = Pool::try_global().ok().and_then(Pool::max_bytes_knob);
+        return match knob {
+            Some(knob) if std::env::var_os(ENV_MAX_DEVICE_BYTES).is_none() => format!(
+                "raise {knob} (now {}): with {ENV_MAX_DEVICE_BYTES} unset, the device's limit \
+                 is min({knob}, 90% of the device)",
+                ByteSize(limit)
+            ),
+            _ => format!("raise {ENV_MAX_DEVICE_BYTES} (now {})", ByteSize(limit)),
+        };
+    }
+    if let Some(knob) = pool.and_then(Pool::max_bytes_knob) {
+        return format!("raise {knob} (now {})", ByteSize(limit));
     }
     if !pool.is_some_and(is_global) {
         return format!(

@@ -93,6 +93,9 @@ struct Core {
     config_error: Option<ConfigError>,
     bytes_variable: &'static str,
     physical_variable: &'static str,
+    /// What set the limit, when [`Pool::set_max_bytes_by`] named it: refusals name it in
+    /// place of `bytes_variable`.
+    bytes_knob: std::sync::Mutex<Option<&'static str>>,
 }
 
 impl fmt::Debug for Pool {
@@ -391,6 +394,44 @@ impl Pool {
     /// still be refused after the caches were released; it is never applied below what is
     /// reserved.)
     pub fn set_max_bytes(&self, limit: Option<usize>) -> Result<(), AllocError> {
+        self.set_max_bytes_named(limit, None)
+    }
+
+    /// [`Pool::set_max_bytes`], naming `knob` as what set the limit (a command-line option,
+    /// a configuration key, ...): a refusal at this limit then says to raise `knob`, in
+    /// place of the environment variable or the call. A later `set_max_bytes` forgets it.
+    ///
+    /// ```
+    /// use ndmem_alloc::{AllocError, Limits, Pool};
+    ///
+    /// let pool = Pool::new(Limits::unlimited());
+    /// pool.set_max_bytes_by(Some(4096), "--max-bytes")?;
+    /// let refused = pool.allocate(8192, 16).unwrap_err();
+    /// assert!(refused.to_string().contains("raise --max-bytes"), "{refused}");
+    /// assert_eq!(pool.max_bytes_knob(), Some("--max-bytes"));
+    /// pool.set_max_bytes(Some(4096))?;
+    /// assert_eq!(pool.max_bytes_knob(), None);
+    /// # Ok::<(), AllocError>(())
+    /// ```
+    pub fn set_max_bytes_by(
+        &self,
+        limit: Option<usize>,
+        knob: &'static str,
+    ) -> Result<(), AllocError> {
+        self.set_max_bytes_named(limit, Some(knob))
+    }
+
+    /// What set the limit, as [`Pool::set_max_bytes_by`] named it; `None` when the limit
+    /// came from the environment, the defaults, [`Limits`] or [`Pool::set_max_bytes`].
+    pub fn max_bytes_knob(&self) -> Option<&'static str> {
+        self.core.knob()
+    }
+
+    fn set_max_bytes_named(
+        &self,
+        limit: Option<usize>,
+        knob: Option<&'static str>,
+    ) -> Result<(), AllocError> {
         let core = &*self.core;
         let limit = limit.filter(|l| *l > 0);
         let below_use = |limit: usize, used: usize| AllocError::LimitBelowUse {
@@ -421,6 +462,10 @@ impl Pool {
             core.local
                 .recall(|block, class| core.release_shared(block, class_size(class)));
         }
+        *core
+            .bytes_knob
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = knob;
         Ok(())
     }
 
@@ -503,6 +548,7 @@ impl Core {
             config_error: None,
             bytes_variable: "Limits::max_bytes of this pool",
             physical_variable: "Limits::max_physical_bytes of this pool",
+            bytes_knob: std::sync::Mutex::new(None),
         }
     }
 
@@ -649,8 +695,16 @@ impl Core {
             used,
             limit,
             holders: self.local.summed(&self.books, |f| f.holders()),
-            variable: self.bytes_variable,
+            variable: self.knob().unwrap_or(self.bytes_variable),
         }
+    }
+
+    /// What named the limit ([`Pool::set_max_bytes_by`]), if anything did.
+    fn knob(&self) -> Option<&'static str> {
+        *self
+            .bytes_knob
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn physical_error(&self, requested: usize, rss: usize) -> AllocError {

@@ -228,3 +228,28 @@ fn help_lists_the_subcommands_and_options() {
         );
     }
 }
+
+#[test]
+fn a_limit_set_by_max_bytes_is_the_one_the_refusal_says_to_raise() {
+    let dir = temp_dir("max-bytes-advice");
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--steps", "5", "--max-bytes", "10K"],
+            "raise --max-bytes (now 10.0 KiB)",
+        ),
+        (
+            &["--steps", "5", "--max-bytes", "9K", "--device", "sim"],
+            "raise --max-bytes (now 9.00 KiB): with NDMEM_MAX_DEVICE_BYTES unset",
+        ),
+    ];
+    for (args, advice) in cases {
+        let out = ndmem(&dir, args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(advice), "{args:?}: {stderr}");
+        // Not the advice for a limit set by a call in the user's own code.
+        assert!(!stderr.contains("set in code"), "{stderr}");
+        assert!(!stderr.contains("Pool::set_max_bytes"), "{stderr}");
+    }
+}

@@ -148,3 +148,136 @@ fn report_refuses_a_json_no_run_could_have_written() {
         assert!(!dir.join("x.svg").exists() && out.stdout.is_empty());
     }
 }
+
+/// The size the line under the table suggests for `--max-bytes` (the line may wrap).
+fn suggested_max_bytes(stdout: &str) -> String {
+    let words: Vec<&str> = stdout.split_whitespace().collect();
+    words
+        .windows(4)
+        .find(|w| w[0] == "--max-bytes" && w[2..] == ["or", "more"])
+        .map(|w| w[1].to_string())
+        .unwrap_or_else(|| panic!("no --max-bytes suggestion: {stdout}"))
+}
+
+#[test]
+fn on_a_device_the_suggested_max_bytes_runs_every_mode() {
+    // --max-bytes also caps the device's limit, and the device peak is above the off-heap
+    // used peak: the suggestion must cover it, and say so.
+    let dir = temp_dir("report-device-limit");
+    let args = ["--device", "sim", "--steps", "20"];
+    let out = ndmem(&dir, &args, &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let size = suggested_max_bytes(&stdout);
+
+    // Run again with the suggestion: every mode runs, on the device too.
+    let mut limited = args.to_vec();
+    limited.extend(["--max-bytes", &size, "--out-dir", "limited"]);
+    let out = ndmem(&dir, &limited, &[]);
+    assert!(
+        out.status.success(),
+        "--max-bytes {size}: {}",
+        text(&out.stderr)
+    );
+
+    // The line says what sets it, and `report` gives the same line from the JSON.
+    let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("(the highest device peak; --max-bytes also caps the device)."),
+        "{stdout}"
+    );
+    let again = ndmem(&dir, &["report", "ndmem-report.json", "-o", "r.svg"], &[]);
+    assert_eq!(suggested_max_bytes(&text(&again.stdout)), size);
+}
+
+#[test]
+fn report_prints_the_comparisons_train_prints() {
+    let dir = temp_dir("report-comparisons");
+    let train = short_run(&dir);
+    let out = ndmem(&dir, &["report", "ndmem-report.json", "-o", "r.svg"], &[]);
+    let report = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // From the table's last line to the comparisons, both commands print the same lines.
+    let tail = |stdout: &str| -> Vec<String> {
+        let lines: Vec<&str> = stdout.lines().collect();
+        let start = lines
+            .iter()
+            .position(|l| l.starts_with("--max-bytes"))
+            .unwrap();
+        let end = lines
+            .iter()
+            .position(|l| l.starts_with("scopes vs pool:"))
+            .unwrap();
+        lines[start..=end].iter().map(|l| l.to_string()).collect()
+    };
+    let (from_train, from_report) = (tail(&train), tail(&report));
+    assert_eq!(from_report, from_train, "{report}");
+    assert!(from_report.iter().any(|l| l.is_empty()), "{report}");
+    for mode in ["workspaces", "scopes"] {
+        let prefix = format!("{mode} vs pool: ");
+        assert!(
+            from_report.iter().any(|l| l.starts_with(&prefix)),
+            "{prefix}: {report}"
+        );
+    }
+    // A blank line comes before the verdict.
+    let lines: Vec<&str> = report.lines().collect();
+    let verdict = lines
+        .iter()
+        .position(|l| l.starts_with("loss curves identical"))
+        .unwrap();
+    assert_eq!(lines[verdict - 1], "", "{report}");
+}
+
+#[test]
+fn a_timeline_is_drawn_beside_itself_not_over_the_training_chart() {
+    let dir = temp_dir("report-timeline");
+    let out = ndmem(
+        &dir,
+        &["--steps", "3", "--hidden", "8"],
+        &[("NDMEM_TRACE", "trace.json")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let chart = std::fs::read(dir.join("ndmem-report.svg")).unwrap();
+    assert!(dir.join("trace.json").is_file());
+
+    let out = ndmem(&dir, &["report", "trace.json"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("wrote trace.svg"));
+    assert!(dir.join("trace.svg").is_file());
+    assert_eq!(
+        std::fs::read(dir.join("ndmem-report.svg")).unwrap(),
+        chart,
+        "the training chart is left alone"
+    );
+    // A path without an extension gets .svg appended.
+    std::fs::copy(dir.join("trace.json"), dir.join("timeline")).unwrap();
+    let out = ndmem(&dir, &["report", "timeline"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("timeline.svg").is_file());
+    // The report's default is unchanged: ndmem-report.json -> ndmem-report.svg.
+    std::fs::remove_file(dir.join("ndmem-report.svg")).unwrap();
+    let out = ndmem(&dir, &["report"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("ndmem-report.svg").is_file());
+    // An input whose default SVG is itself is still refused, and left as it was.
+    std::fs::copy(dir.join("trace.json"), dir.join("t.svg")).unwrap();
+    let out = ndmem(&dir, &["report", "t.svg"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("names the JSON report being read"));
+    assert_eq!(
+        std::fs::read(dir.join("t.svg")).unwrap(),
+        std::fs::read(dir.join("trace.json")).unwrap()
+    );
+
+    // The help says both.
+    let help = text(&ndmem(&dir, &["report", "--help"], &[]).stdout);
+    for word in [
+        "timeline",
+        "NDMEM_TRACE",
+        "extension replaced by .svg",
+        "trace.svg",
+    ] {
+        assert!(help.contains(word), "{word}: {help}");
+    }
+}
