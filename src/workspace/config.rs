@@ -12,7 +12,6 @@ use std::sync::OnceLock;
 
 use ndmem_alloc::ConfigError;
 
-use super::sizing::Sizing;
 use crate::error::Error;
 use crate::memory::MemorySource;
 
@@ -282,20 +281,21 @@ impl WorkspaceConfig {
         }
     }
 
-    /// Bytes of the buffer `initial_size` makes at creation (the ring's, if circular);
-    /// `None` when it makes none.
-    fn first_buffer(&self) -> Option<usize> {
+    /// About the bytes of the buffer `initial_size` makes at creation (the whole ring, if
+    /// circular): `initial_size` overallocated once and clamped to `[min_size, max_size]`,
+    /// before rounding to the alignment; `None` when it makes none. (The exact figure is
+    /// the sizing rules', a layer above the configuration; this one tells a size no
+    /// buffer can have.)
+    fn first_buffer(&self) -> Option<f64> {
         if self.initial_size == 0 {
             return None;
         }
-        let sizing = Sizing::of(self);
-        if self.is_circular() {
-            sizing
-                .initial_ring(self.initial_size)
-                .map(|shape| shape.buffer)
-        } else {
-            Some(sizing.learned(self.initial_size))
+        let mut bytes = self.initial_size as f64 * self.overallocation_factor();
+        bytes = bytes.max(self.min_size as f64);
+        if self.max_size > 0 {
+            bytes = bytes.min(self.max_size as f64);
         }
+        Some(bytes)
     }
 
     fn validate(&self) -> Result<(), Error> {
@@ -351,14 +351,15 @@ impl WorkspaceConfig {
                 ),
             );
         }
-        if let Some(buffer) = self.first_buffer().filter(|&bytes| bytes > MAX_BUFFER) {
+        if let Some(buffer) = self.first_buffer().filter(|&b| b > MAX_BUFFER as f64) {
             return invalid(
                 "initial_size",
                 format!(
-                    "initial_size {} gives a first buffer of {buffer} bytes (overallocated, \
-                     clamped and rounded), more than the {MAX_BUFFER} bytes (isize::MAX) a \
-                     buffer can have",
-                    self.initial_size
+                    "initial_size {} gives a first buffer of about {buffer:.3e} bytes \
+                     (overallocated x{} and clamped), more than the {MAX_BUFFER} bytes \
+                     (isize::MAX) a buffer can have",
+                    self.initial_size,
+                    self.overallocation_factor()
                 ),
             );
         }
