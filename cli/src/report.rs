@@ -42,6 +42,11 @@ pub struct GraphReport {
     pub max_relative_loss_difference: f64,
     /// Driver allocations during the graph run after its first step.
     pub driver_allocations_after_first: u64,
+    /// The device's peak live bytes by the end of the graph run (the modes ran before it,
+    /// so this is the graph run's own peak when it is the highest). 0 in reports written
+    /// before it was recorded.
+    #[serde(default)]
+    pub peak_bytes: usize,
     /// Host-to-device and device-to-host copies per step (the batch in, the loss out).
     pub htod_per_step: f64,
     /// Device-to-host copies per step.
@@ -354,11 +359,13 @@ impl Report {
         }
     }
 
-    /// The highest device peak of any mode, or `None` when no mode ran on a device.
+    /// The highest device peak of any mode or of the `--graph` run, or `None` when nothing
+    /// ran on a device.
     pub fn device_peak(&self) -> Option<usize> {
         self.modes
             .iter()
             .filter_map(|m| m.device.as_ref().map(|d| d.peak_bytes))
+            .chain(self.graph.as_ref().map(|g| g.peak_bytes))
             .max()
     }
 
@@ -454,20 +461,17 @@ impl Report {
         out.push_str(TABLE_NOTE);
         if !self.modes.is_empty() {
             let (bytes, basis) = self.limit_needed();
-            let mut sentence = format!(
+            let sentence = format!(
                 "--max-bytes {} or more runs {} ({}).",
                 size_up(bytes),
-                if self.modes.len() == 1 {
-                    "this mode".to_string()
-                } else {
-                    format!("these {} modes", self.modes.len())
+                match (self.modes.len(), self.graph.is_some()) {
+                    (1, false) => "this mode".to_string(),
+                    (1, true) => "this mode and the --graph run".to_string(),
+                    (n, false) => format!("these {n} modes"),
+                    (n, true) => format!("these {n} modes and the --graph run"),
                 },
                 basis.describe()
             );
-            if self.graph.is_some() {
-                // Its peaks are not recorded; its graph memory can need more.
-                sentence.push_str(" The --graph run is not counted in it.");
-            }
             out.push_str(&wrap(&sentence, 80));
         }
         out

@@ -425,6 +425,7 @@ fn run_graph(
         launched_steps_per_sec: launched.steps_per_sec,
         max_relative_loss_difference: worst,
         driver_allocations_after_first: since.map_or(0, |s| s.driver_allocations),
+        peak_bytes: device.stats().peak_live_bytes,
         htod_per_step: since.map_or(0.0, |s| s.htod_transfers as f64 / later),
         dtoh_per_step: since.map_or(0.0, |s| s.dtoh_transfers as f64 / later),
         loss: losses,

@@ -191,6 +191,27 @@ fn on_a_device_the_suggested_max_bytes_runs_every_mode() {
 }
 
 #[test]
+fn with_graph_the_suggested_max_bytes_runs_the_graph_run_too() {
+    // The graph run's memory is captured whole and can peak above every mode's.
+    let dir = temp_dir("report-graph-limit");
+    let args = ["--device", "sim", "--graph", "--steps", "10"];
+    let out = ndmem(&dir, &args, &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("modes and the --graph run"), "{stdout}");
+    let size = suggested_max_bytes(&stdout);
+    let mut limited = args.to_vec();
+    limited.extend(["--max-bytes", &size, "--out-dir", "limited"]);
+    let out = ndmem(&dir, &limited, &[]);
+    assert!(
+        out.status.success(),
+        "--max-bytes {size}: {}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn report_prints_the_comparisons_train_prints() {
     let dir = temp_dir("report-comparisons");
     let train = short_run(&dir);
