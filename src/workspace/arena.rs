@@ -59,7 +59,8 @@ struct Cycles {
     completed: Cell<u64>,
     /// The largest cycle seen: bumped plus spilled bytes.
     max_bytes: Cell<usize>,
-    /// The workspace that was current when this cycle started.
+    /// The workspace that was current when the current (or last) cycle started; read only
+    /// while a cycle runs.
     parent: RefCell<Weak<Arena>>,
     destroyed: Cell<bool>,
 }
@@ -263,7 +264,18 @@ impl Arena {
         }
         let generation = cycles.generation.get() + 1;
         cycles.generation.set(generation);
-        *cycles.parent.borrow_mut() = parent.map(Rc::downgrade).unwrap_or_default();
+        // The parent is read only while this cycle runs (`parent`), so the link is kept
+        // between cycles and replaced only when the parent changes: a loop re-entering
+        // under the same parent does not touch the reference counts.
+        let mut link = cycles.parent.borrow_mut();
+        let same = match parent {
+            Some(p) => std::ptr::eq(link.as_ptr(), Rc::as_ptr(p)),
+            None => Weak::ptr_eq(&link, &Weak::new()),
+        };
+        if !same {
+            *link = parent.map(Rc::downgrade).unwrap_or_default();
+        }
+        drop(link);
         let (start, end) = match self.buffer.borrow().as_ref() {
             None => (0, 0),
             // Every slot holds memory a tensor still refers to: this cycle spills.
@@ -286,7 +298,6 @@ impl Arena {
         if depth > 0 {
             return;
         }
-        *cycles.parent.borrow_mut() = Weak::new();
         self.ring.end_cycle();
         if cycles.destroyed.get() {
             self.release_all();

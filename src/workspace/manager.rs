@@ -71,18 +71,22 @@ impl Manager {
 
     /// Removes the topmost stack entry for `arena` (`None`: a scope-out entry).
     fn pop(&self, arena: Option<&Rc<Arena>>) {
-        let mut stack = self.stack.borrow_mut();
-        let position = stack.iter().rposition(|entry| match (entry, arena) {
+        let is_it = |entry: &Option<Rc<Arena>>| match (entry, arena) {
             (Some(a), Some(b)) => Rc::ptr_eq(a, b),
             (None, None) => true,
             _ => false,
-        });
-        match position {
-            // Guards usually drop innermost first: the top goes without moving the rest.
-            Some(position) if position + 1 == stack.len() => drop(stack.pop()),
-            Some(position) => drop(stack.remove(position)),
-            None => {}
-        }
+        };
+        let mut stack = self.stack.borrow_mut();
+        // Guards usually drop innermost first: the top goes without a search or a move.
+        let popped = match stack.last() {
+            Some(top) if is_it(top) => stack.pop(),
+            _ => stack
+                .iter()
+                .rposition(is_it)
+                .map(|position| stack.remove(position)),
+        };
+        drop(stack);
+        drop(popped);
     }
 }
 
@@ -243,8 +247,7 @@ impl Workspaces {
                     }
                 };
                 let mut stack = m.stack.borrow_mut();
-                let parent = stack.last().cloned().flatten();
-                arena.enter(parent.as_ref())?;
+                arena.enter(stack.last().and_then(Option::as_ref))?;
                 stack.push(Some(Rc::clone(&arena)));
                 drop(stack);
                 arena.publish_entered();

@@ -132,6 +132,49 @@ fn nested_workspaces_restore_the_previous_current_one_and_track_parents() {
 }
 
 #[test]
+fn each_cycle_has_the_parent_that_was_current_when_it_started() {
+    // The parent is the workspace current at the start of *this* cycle: it follows the
+    // caller from cycle to cycle, and a destroyed parent is none.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::default();
+    let child_under = |parent: Option<&str>| {
+        let _outer = parent.map(|p| ws.get_and_activate(&cfg, p).unwrap());
+        let _child = ws.get_and_activate(&cfg, "PARENTS_CHILD").unwrap();
+        parent_of_current()
+    };
+    assert_eq!(child_under(Some("PARENTS_A")).as_deref(), Some("PARENTS_A"));
+    assert_eq!(child_under(None), None);
+    assert_eq!(child_under(Some("PARENTS_B")).as_deref(), Some("PARENTS_B"));
+    assert_eq!(child_under(Some("PARENTS_B")).as_deref(), Some("PARENTS_B"));
+    assert_eq!(child_under(Some("PARENTS_A")).as_deref(), Some("PARENTS_A"));
+    {
+        // Entered under a scope-out while its last parent is open: no parent.
+        let _a = ws.get_and_activate(&cfg, "PARENTS_A").unwrap();
+        let _out = ws.scope_out();
+        let _child = ws.get_and_activate(&cfg, "PARENTS_CHILD").unwrap();
+        assert_eq!(parent_of_current(), None);
+    }
+    {
+        // The parent's cycle ends before the child's: it is no parent any more.
+        let outer = ws.get_and_activate(&cfg, "PARENTS_A").unwrap();
+        let _child = ws.get_and_activate(&cfg, "PARENTS_CHILD").unwrap();
+        drop(outer);
+        assert_eq!(parent_of_current(), None);
+    }
+    {
+        // Destroyed while the child's cycle runs: no parent either.
+        let outer = ws.get_and_activate(&cfg, "PARENTS_B").unwrap();
+        let _child = ws.get_and_activate(&cfg, "PARENTS_CHILD").unwrap();
+        ws.destroy("PARENTS_B").unwrap();
+        drop(outer);
+        assert_eq!(parent_of_current(), None);
+    }
+    for id in ["PARENTS_A", "PARENTS_CHILD"] {
+        ws.destroy(id).unwrap();
+    }
+}
+
+#[test]
 fn reentering_the_current_workspace_only_nests() {
     // Semantics §2.2: re-entry increments a nesting counter: no new generation, no rewind.
     let cfg = strict().initial_size(4096).build().unwrap();
