@@ -226,8 +226,10 @@ fn limit_advice(error: &AllocError, pool: Option<&'static Pool>) -> String {
     if let MemoryKind::Device(_) = kind {
         // Unset, the device limit follows the host pool's: name what set that, if named.
         let knob = Pool::try_global().ok().and_then(Pool::max_bytes_knob);
+        let follows_pool =
+            Limits::from_env().is_ok_and(|l| l.sources.max_device_bytes == LimitSource::Default);
         return match knob {
-            Some(knob) if std::env::var_os(ENV_MAX_DEVICE_BYTES).is_none() => format!(
+            Some(knob) if follows_pool => format!(
                 "raise {knob} (now {}): with {ENV_MAX_DEVICE_BYTES} unset, the device's limit \
                  is min({knob}, 90% of the device)",
                 ByteSize(limit)

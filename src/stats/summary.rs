@@ -241,51 +241,39 @@ impl Snapshot {
     /// The budget rows of the summary: the heap, each pool and each device.
     fn budget_rows(&self) -> Vec<(String, Figures)> {
         let mut rows = Vec::new();
-        if self.heap_tracked {
-            rows.push((
-                "heap bytes".to_string(),
-                Figures::Cells(byte_cells(&self.heap_counters.bytes)),
-            ));
-            if let Some(count) = &self.heap_counters.count {
-                rows.push((
-                    "heap allocations".to_string(),
-                    Figures::Cells(count_cells(count)),
-                ));
-            }
-        } else {
+        if !self.heap_tracked {
             // Every heap figure is 0 without the tracking allocator: say why.
             rows.push((
                 HEAP_UNTRACKED_LABEL.to_string(),
                 Figures::Span(HEAP_UNTRACKED_HINT.to_string()),
             ));
         }
+        let mut cells =
+            |label: String, cells: [String; 4]| rows.push((label, Figures::Cells(cells)));
+        if self.heap_tracked {
+            cells("heap bytes".into(), byte_cells(&self.heap_counters.bytes));
+            if let Some(count) = &self.heap_counters.count {
+                cells("heap allocations".into(), count_cells(count));
+            }
+        }
         for pool in &self.pools {
             let c = &pool.counters;
-            rows.push((
-                format!("pool [{}] live", pool.name),
-                Figures::Cells(byte_cells(&c.bytes)),
-            ));
-            rows.push((
+            cells(format!("pool [{}] live", pool.name), byte_cells(&c.bytes));
+            cells(
                 format!("pool [{}] live+cached", pool.name),
-                Figures::Cells(reserved_cells(&c.reserved)),
-            ));
+                reserved_cells(&c.reserved),
+            );
             if let Some(count) = &c.count {
-                rows.push((
-                    format!("pool [{}] blocks", pool.name),
-                    Figures::Cells(count_cells(count)),
-                ));
+                cells(format!("pool [{}] blocks", pool.name), count_cells(count));
             }
         }
         for d in &self.devices {
             let c = &d.counters;
-            rows.push((
-                format!("device [{}] live", d.id),
-                Figures::Cells(byte_cells(&c.bytes)),
-            ));
-            rows.push((
+            cells(format!("device [{}] live", d.id), byte_cells(&c.bytes));
+            cells(
                 format!("device [{}] live+cached", d.id),
-                Figures::Cells(reserved_cells(&c.reserved)),
-            ));
+                reserved_cells(&c.reserved),
+            );
         }
         rows
     }

@@ -159,26 +159,32 @@ fn suggested_max_bytes(stdout: &str) -> String {
         .unwrap_or_else(|| panic!("no --max-bytes suggestion: {stdout}"))
 }
 
-#[test]
-fn on_a_device_the_suggested_max_bytes_runs_every_mode() {
-    // --max-bytes also caps the device's limit, and the device peak is above the off-heap
-    // used peak: the suggestion must cover it, and say so.
-    let dir = temp_dir("report-device-limit");
-    let args = ["--device", "sim", "--steps", "20"];
-    let out = ndmem(&dir, &args, &[]);
+/// Runs `args` in `dir`, then again with the `--max-bytes` the table suggests (into
+/// `limited/`), asserting both succeed; returns the first run's stdout and the suggestion.
+fn run_then_rerun_at_the_suggestion(dir: &Path, args: &[&str]) -> (String, String) {
+    let out = ndmem(dir, args, &[]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     let size = suggested_max_bytes(&stdout);
-
-    // Run again with the suggestion: every mode runs, on the device too.
     let mut limited = args.to_vec();
     limited.extend(["--max-bytes", &size, "--out-dir", "limited"]);
-    let out = ndmem(&dir, &limited, &[]);
+    let out = ndmem(dir, &limited, &[]);
     assert!(
         out.status.success(),
         "--max-bytes {size}: {}",
         text(&out.stderr)
     );
+    (stdout, size)
+}
+
+#[test]
+fn on_a_device_the_suggested_max_bytes_runs_every_mode() {
+    // --max-bytes also caps the device's limit, and the device peak is above the off-heap
+    // used peak: the suggestion must cover it (every mode runs with it, on the device
+    // too), and say so.
+    let dir = temp_dir("report-device-limit");
+    let (stdout, size) =
+        run_then_rerun_at_the_suggestion(&dir, &["--device", "sim", "--steps", "20"]);
 
     // The line says what sets it, and `report` gives the same line from the JSON.
     let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -194,21 +200,10 @@ fn on_a_device_the_suggested_max_bytes_runs_every_mode() {
 fn with_graph_the_suggested_max_bytes_runs_the_graph_run_too() {
     // The graph run's memory is captured whole and can peak above every mode's.
     let dir = temp_dir("report-graph-limit");
-    let args = ["--device", "sim", "--graph", "--steps", "10"];
-    let out = ndmem(&dir, &args, &[]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let (stdout, _) =
+        run_then_rerun_at_the_suggestion(&dir, &["--device", "sim", "--graph", "--steps", "10"]);
     let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat.contains("modes and the --graph run"), "{stdout}");
-    let size = suggested_max_bytes(&stdout);
-    let mut limited = args.to_vec();
-    limited.extend(["--max-bytes", &size, "--out-dir", "limited"]);
-    let out = ndmem(&dir, &limited, &[]);
-    assert!(
-        out.status.success(),
-        "--max-bytes {size}: {}",
-        text(&out.stderr)
-    );
 }
 
 #[test]
