@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
-use ndmem::alloc::{heap, ByteSize, LimitSource, Pool, PoolStats, ENV_MAX_BYTES};
+use ndmem::alloc::{heap, ByteSize, LimitSource, Pool, PoolStats, ENV_MAX_BYTES, ENV_MAX_HEAP};
 use ndmem::device::{self, Device};
 use ndmem::prefetch::Prefetch;
 use ndmem::{reclaim, Tensor};
@@ -176,7 +176,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         "off-heap limit {} ({source})",
         limit.map_or_else(|| "unlimited".to_string(), |l| ByteSize(l).to_string())
     );
-    outln!("heap: every byte counted by ndmem_alloc::Tracking<System>");
+    outln!("{}", describe_heap(heap::stats().limit));
     outln!("{}", describe_prefetch(options.prefetch));
     if let Some(line) = crate::env::describe_workspaces(environment.workspaces) {
         outln!("{line}");
@@ -332,6 +332,19 @@ pub fn run_length(epochs: u32, steps_per_epoch: u64, max_steps: Option<u64>, tot
             "run: {epochs_text} = {total} step{} per mode",
             plural(total as usize)
         ),
+    }
+}
+
+/// The header's heap line: what counts the heap, and its limit when one is set (the chart
+/// and the JSON report are written under it too, after the modes ran).
+fn describe_heap(limit: Option<usize>) -> String {
+    let counted = "heap: every byte counted by ndmem_alloc::Tracking<System>";
+    match limit {
+        Some(limit) => format!(
+            "{counted}, limit {} ({ENV_MAX_HEAP}; the report and chart are written under it too)",
+            ByteSize(limit)
+        ),
+        None => format!("{counted}, no limit (set {ENV_MAX_HEAP} for one)"),
     }
 }
 

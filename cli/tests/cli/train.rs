@@ -505,3 +505,23 @@ fn heap_allocations_per_step_are_zero_in_workspaces_mode_and_at_most_one_per_ten
         }
     }
 }
+
+#[test]
+fn the_header_names_the_heap_limit_the_run_is_under() {
+    let dir = temp_dir("heap-header");
+    let args = ["--mode", "pool", "--steps", "2", "--hidden", "8"];
+    for (env, expected) in [
+        (None, "no limit (set NDMEM_MAX_HEAP for one)"),
+        (Some("64M"), "limit 64.0 MiB (NDMEM_MAX_HEAP;"),
+    ] {
+        let envs: Vec<(&str, &str)> = env.map(|v| ("NDMEM_MAX_HEAP", v)).into_iter().collect();
+        let out = ndmem(&dir, &args, &envs);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("heap: "))
+            .unwrap_or_else(|| panic!("no heap line in\n{stdout}"));
+        assert!(line.contains(expected), "{env:?}: {line}");
+    }
+}
