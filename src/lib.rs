@@ -102,7 +102,7 @@
 //!     .build()?;
 //! let (batches, received) = std::sync::mpsc::sync_channel::<Tensor>(2);
 //! let consumer = std::thread::spawn(move || {
-//!     received.iter().map(|batch| batch.sum(None)?.scalar()).sum::<Result<f64, ndmem::Error>>()
+//!     received.iter().map(|batch| batch.sum()?.scalar()).sum::<Result<f64, ndmem::Error>>()
 //! });
 //! let ws = workspaces();
 //! for i in 0..10 {

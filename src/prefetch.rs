@@ -221,7 +221,7 @@ enum Source<B> {
 /// let mut total = 0.0;
 /// for batch in batches {
 ///     let batch = batch?;
-///     total += batch.get()?.sum(None)?.scalar()?;
+///     total += batch.get()?.sum()?.scalar()?;
 /// }
 /// assert_eq!(total, 256.0 * 45.0);
 /// # Ok::<(), ndmem::Error>(())

@@ -123,19 +123,15 @@ impl Mlp {
         let rows = x.shape()[0].max(1) as f64;
         let (z1, h, logits) = self.forward(x)?;
         let log_p = logits.log_softmax(1)?;
-        let loss = y
-            .mul(&log_p)?
-            .sum(None)?
-            .mul_scalar(-1.0 / rows)?
-            .scalar()? as f32;
+        let loss = y.mul(&log_p)?.sum()?.mul_scalar(-1.0 / rows)?.scalar()? as f32;
         // d loss / d logits = (softmax - y) / rows.
         let d_logits = log_p.exp()?.sub(y)?.mul_scalar(1.0 / rows)?;
         let w2 = h.transpose()?.matmul(&d_logits)?;
-        let b2 = d_logits.sum(Some(0))?;
+        let b2 = d_logits.sum_axis(0)?;
         let d_h = d_logits.matmul(&self.w2.transpose()?)?;
         let d_z1 = z1.relu_backward(&d_h)?;
         let w1 = x.transpose()?.matmul(&d_z1)?;
-        let b1 = d_z1.sum(Some(0))?;
+        let b1 = d_z1.sum_axis(0)?;
         Ok((loss, Grads { w1, b1, w2, b2 }))
     }
 

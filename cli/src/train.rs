@@ -335,16 +335,13 @@ pub fn run_length(epochs: u32, steps_per_epoch: u64, max_steps: Option<u64>, tot
     }
 }
 
-/// The header's heap line: what counts the heap, and its limit when one is set (the chart
-/// and the JSON report are written under it too, after the modes ran).
+/// The header's heap line: what counts the heap, and its limit when one is set (the report
+/// and the chart are written under it too, after the modes ran).
 fn describe_heap(limit: Option<usize>) -> String {
-    let counted = "heap: every byte counted by ndmem_alloc::Tracking<System>";
+    let counted = "heap: every byte counted by Tracking<System>";
     match limit {
-        Some(limit) => format!(
-            "{counted}, limit {} ({ENV_MAX_HEAP}; the report and chart are written under it too)",
-            ByteSize(limit)
-        ),
-        None => format!("{counted}, no limit (set {ENV_MAX_HEAP} for one)"),
+        Some(limit) => format!("{counted}; limit {} ({ENV_MAX_HEAP})", ByteSize(limit)),
+        None => format!("{counted}; no limit ({ENV_MAX_HEAP} unset)"),
     }
 }
 

@@ -131,7 +131,7 @@ impl Snapshot {
         ));
         out.push((
             "ndmem.reclaim.pending_bytes".into(),
-            self.reclamation.pending_bytes as u64,
+            self.reclaim.pending_bytes as u64,
         ));
         for d in &self.devices {
             let prefix = format!("ndmem.device.{}", d.id);

@@ -296,7 +296,7 @@ pub struct Snapshot {
     /// Every device opened and still alive (semantics §5).
     pub devices: Vec<DeviceSnapshot>,
     /// Pending deferred frees.
-    pub reclamation: Reclamation,
+    pub reclaim: Reclamation,
     /// The timeline recorder.
     pub trace: TraceState,
 }
@@ -387,7 +387,7 @@ fn take(pools: Vec<(String, &'static Pool)>) -> Snapshot {
             .collect(),
         scopes: scopes(),
         devices: open_devices().iter().map(DeviceSnapshot::of).collect(),
-        reclamation: Reclamation {
+        reclaim: Reclamation {
             pending_bytes: crate::reclaim::pending_bytes(),
         },
         trace: TraceState {

@@ -371,7 +371,7 @@ impl fmt::Display for Snapshot {
             f,
             &format!(
                 "{}; devices: {}; trace: {}",
-                self.reclamation,
+                self.reclaim,
                 if self.devices.is_empty() {
                     "none open".to_string()
                 } else {
@@ -425,7 +425,7 @@ mod tests {
             workspaces: Vec::new(),
             scopes: Vec::new(),
             devices: Vec::new(),
-            reclamation: Reclamation::default(),
+            reclaim: Reclamation::default(),
             trace: super::super::TraceState::default(),
         }
     }

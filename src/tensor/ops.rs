@@ -328,20 +328,43 @@ impl Tensor {
         self.map_float("log", f32::ln, f64::ln)
     }
 
-    /// Sum over `axis` (removing it), or of every element (`None`: a 0-d tensor). Floats
-    /// use ndarray's `sum`; integers wrap on overflow. An empty sum is 0.
-    pub fn sum(&self, axis: Option<usize>) -> Result<Tensor> {
+    /// The sum of every element, as a 0-d tensor (the API's `sum`; [`Tensor::sum_axis`]
+    /// sums over one axis). Floats use ndarray's `sum`; integers wrap on overflow. An empty
+    /// sum is 0.
+    pub fn sum(&self) -> Result<Tensor> {
+        self.sum_over(None)
+    }
+
+    /// The sum over `axis`, which the result no longer has (ndarray's `sum_axis`); an axis
+    /// the tensor lacks is [`Error::Shape`].
+    pub fn sum_axis(&self, axis: usize) -> Result<Tensor> {
+        self.sum_over(Some(axis))
+    }
+
+    /// The mean of every element, as a 0-d tensor, by ndarray's `mean`
+    /// ([`Tensor::mean_axis`] for one axis). The mean of no elements is undefined, as in
+    /// ndarray (`None` there): [`Error::Shape`]. Integer means are computed in `f64` and
+    /// converted back like `as` (truncating toward zero).
+    pub fn mean(&self) -> Result<Tensor> {
+        self.mean_over(None)
+    }
+
+    /// The mean over `axis`, which the result no longer has (ndarray's `mean_axis`); an
+    /// axis of length 0 has no mean ([`Error::Shape`]), nor has an axis the tensor lacks.
+    pub fn mean_axis(&self, axis: usize) -> Result<Tensor> {
+        self.mean_over(Some(axis))
+    }
+
+    /// [`Tensor::sum`] (`None`) or [`Tensor::sum_axis`].
+    fn sum_over(&self, axis: Option<usize>) -> Result<Tensor> {
         if let Some(on_device) = self.device_reduce("sum", axis, false) {
             return on_device;
         }
         with_dtype!(self.dtype, T => self.reduce::<T>("sum", axis, false))
     }
 
-    /// Mean over `axis` (removing it), or of every element (`None`), by ndarray's `mean`.
-    /// The mean of no elements (an empty tensor, or an axis of length 0) is undefined, as
-    /// in ndarray (`None` there): [`Error::Shape`]. Integer means are computed in `f64`
-    /// and converted back like `as` (truncating toward zero).
-    pub fn mean(&self, axis: Option<usize>) -> Result<Tensor> {
+    /// [`Tensor::mean`] (`None`) or [`Tensor::mean_axis`].
+    fn mean_over(&self, axis: Option<usize>) -> Result<Tensor> {
         if let Some(on_device) = self.device_reduce("mean", axis, true) {
             return on_device;
         }

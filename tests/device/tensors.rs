@@ -66,10 +66,10 @@ fn device_ops_match_host_ops() {
         (a.exp().unwrap(), da.exp().unwrap()),
         (a.add_scalar(2.0).unwrap(), da.add_scalar(2.0).unwrap()),
         (a.mul_scalar(-3.0).unwrap(), da.mul_scalar(-3.0).unwrap()),
-        (a.sum(None).unwrap(), da.sum(None).unwrap()),
-        (a.sum(Some(0)).unwrap(), da.sum(Some(0)).unwrap()),
-        (a.sum(Some(1)).unwrap(), da.sum(Some(1)).unwrap()),
-        (a.mean(Some(1)).unwrap(), da.mean(Some(1)).unwrap()),
+        (a.sum().unwrap(), da.sum().unwrap()),
+        (a.sum_axis(0).unwrap(), da.sum_axis(0).unwrap()),
+        (a.sum_axis(1).unwrap(), da.sum_axis(1).unwrap()),
+        (a.mean_axis(1).unwrap(), da.mean_axis(1).unwrap()),
         (a.softmax(1).unwrap(), da.softmax(1).unwrap()),
         (a.log_softmax(1).unwrap(), da.log_softmax(1).unwrap()),
         (a.matmul(&m).unwrap(), da.matmul(&dm).unwrap()),
@@ -188,7 +188,7 @@ impl Mlp {
         let loss = y
             .mul(&logits.log_softmax(1).unwrap())
             .unwrap()
-            .sum(None)
+            .sum()
             .unwrap()
             .mul_scalar(-1.0 / rows)
             .unwrap();
@@ -200,11 +200,11 @@ impl Mlp {
             .mul_scalar(1.0 / rows)
             .unwrap();
         let gw2 = h.transpose().unwrap().matmul(&d_logits).unwrap();
-        let gb2 = d_logits.sum(Some(0)).unwrap();
+        let gb2 = d_logits.sum_axis(0).unwrap();
         let d_h = d_logits.matmul(&self.w2.transpose().unwrap()).unwrap();
         let d_z1 = z1.relu_backward(&d_h).unwrap();
         let gw1 = x.transpose().unwrap().matmul(&d_z1).unwrap();
-        let gb1 = d_z1.sum(Some(0)).unwrap();
+        let gb1 = d_z1.sum_axis(0).unwrap();
         self.w1.scaled_add(-lr, &gw1).unwrap();
         self.b1.scaled_add(-lr, &gb1).unwrap();
         self.w2.scaled_add(-lr, &gw2).unwrap();

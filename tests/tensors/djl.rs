@@ -89,7 +89,7 @@ fn temp_attach_returns_the_tensor_to_its_manager_when_the_borrower_closes() {
 fn op_outputs_belong_to_the_first_input_scope_or_the_one_they_are_attached_to() {
     let manager = Scope::new_base("indexed");
     let array3x4 = manager.ones(DType::F32, &[3, 4]).unwrap();
-    let array4 = array3x4.sum(Some(0)).unwrap(); // array3x4.get(1), a new array
+    let array4 = array3x4.sum_axis(0).unwrap(); // array3x4.get(1), a new array
     assert_eq!(manager.tensor_count(), 2, "array4.getManager() == manager");
     let sub1;
     {
@@ -147,7 +147,7 @@ fn an_op_on_a_tensor_of_a_capped_scope_is_scope_capped() {
     let array3x4 = manager.ones(DType::F32, &[3, 4]).unwrap();
     let block = live(&source);
     manager.cap();
-    let err = array3x4.sum(Some(0)).unwrap_err();
+    let err = array3x4.sum_axis(0).unwrap_err();
     assert!(capped_naming(&err, "capped-ops"), "{err}");
     assert!(array3x4.add_scalar(1.0).is_err());
     assert!(array3x4.copy().is_err(), "a copy would join the scope too");
@@ -671,7 +671,7 @@ fn a_sub_scope_borrowing_its_parents_inputs_frees_only_the_intermediates() {
         scope.temp_attach_all(&[&x, &w]).unwrap();
         let h = x.mul(&w).unwrap(); // joins the borrower, like x
         let intermediate = h.add_scalar(1.0).unwrap();
-        result = intermediate.sum(None).unwrap();
+        result = intermediate.sum().unwrap();
         assert_eq!(scope.tensor_count(), 3);
         output_manager.attach(&result).unwrap();
         assert_eq!(scope.tensor_count(), 2);

@@ -21,7 +21,7 @@ fn ops() -> Vec<Op> {
     vec![
         ("add", |a, b, _| a.add(b).unwrap()),
         ("add_broadcast", |a, b, _| {
-            a.add(&b.sum(Some(0)).unwrap()).unwrap()
+            a.add(&b.sum_axis(0).unwrap()).unwrap()
         }),
         ("sub", |a, b, _| a.sub(b).unwrap()),
         ("mul", |a, b, _| a.mul(b).unwrap()),
@@ -35,10 +35,10 @@ fn ops() -> Vec<Op> {
         ("tanh", |a, _, _| a.tanh().unwrap()),
         ("exp", |a, _, _| a.exp().unwrap()),
         ("log", |a, _, _| a.log().unwrap()),
-        ("sum", |a, _, _| a.sum(None).unwrap()),
-        ("sum_axis", |a, _, _| a.sum(Some(1)).unwrap()),
-        ("mean", |a, _, _| a.mean(None).unwrap()),
-        ("mean_axis", |a, _, _| a.mean(Some(0)).unwrap()),
+        ("sum", |a, _, _| a.sum().unwrap()),
+        ("sum_axis", |a, _, _| a.sum_axis(1).unwrap()),
+        ("mean", |a, _, _| a.mean().unwrap()),
+        ("mean_axis", |a, _, _| a.mean_axis(0).unwrap()),
         ("softmax", |a, _, _| a.softmax(1).unwrap()),
         ("log_softmax", |a, _, _| a.log_softmax(1).unwrap()),
         ("argmax", |a, _, _| a.argmax(1).unwrap()),
@@ -48,7 +48,7 @@ fn ops() -> Vec<Op> {
         }),
         ("reshape", |a, _, _| a.reshape(&[8, 4]).unwrap()),
         ("broadcast_to", |_, _, m| {
-            m.sum(Some(0)).unwrap().broadcast_to(&[2, 5, 3]).unwrap()
+            m.sum_axis(0).unwrap().broadcast_to(&[2, 5, 3]).unwrap()
         }),
         ("copy", |a, _, _| a.copy().unwrap()),
         ("clone_and_drop", |a, _, _| a.clone()),

@@ -80,14 +80,14 @@ fn matmul_matches_ndarray_including_transposed_inputs() {
 fn reductions_and_softmax_match_ndarray() {
     let a = Array2::from_shape_fn((3, 5), |(i, j)| ((i * 5 + j) as f64).sin()).into_dyn();
     let t = Tensor::from_slice(a.as_slice().unwrap(), &[3, 5]).unwrap();
-    close(&arr(&t.sum(Some(0)).unwrap()), &a.sum_axis(Axis(0)));
-    close(&arr(&t.sum(Some(1)).unwrap()), &a.sum_axis(Axis(1)));
+    close(&arr(&t.sum_axis(0).unwrap()), &a.sum_axis(Axis(0)));
+    close(&arr(&t.sum_axis(1).unwrap()), &a.sum_axis(Axis(1)));
     close(
-        &arr(&t.mean(Some(1)).unwrap()),
+        &arr(&t.mean_axis(1).unwrap()),
         &a.mean_axis(Axis(1)).unwrap(),
     );
-    assert!((t.sum(None).unwrap().scalar().unwrap() - a.sum()).abs() < 1e-12);
-    assert!((t.mean(None).unwrap().scalar().unwrap() - a.mean().unwrap()).abs() < 1e-12);
+    assert!((t.sum().unwrap().scalar().unwrap() - a.sum()).abs() < 1e-12);
+    assert!((t.mean().unwrap().scalar().unwrap() - a.mean().unwrap()).abs() < 1e-12);
     let s = arr::<f64>(&t.softmax(1).unwrap());
     let e = a.mapv(f64::exp);
     let expected = &e / &e.sum_axis(Axis(1)).insert_axis(Axis(1));
@@ -180,7 +180,7 @@ fn creation_functions_fill_as_documented() {
     let empty = Tensor::zeros(DType::F32, &[0, 4]).unwrap();
     assert!(empty.is_empty());
     assert_eq!(
-        empty.sum(Some(0)).unwrap().to_vec::<f32>().unwrap(),
+        empty.sum_axis(0).unwrap().to_vec::<f32>().unwrap(),
         vec![0.0; 4]
     );
 }
@@ -199,7 +199,7 @@ fn mismatches_are_errors() {
     assert!(matches!(a.matmul(&a), Err(Error::Shape { .. })));
     assert!(matches!(i.exp(), Err(Error::DType { .. })));
     assert!(matches!(i.softmax(0), Err(Error::DType { .. })));
-    assert!(matches!(a.sum(Some(2)), Err(Error::Shape { .. })));
+    assert!(matches!(a.sum_axis(2), Err(Error::Shape { .. })));
     assert!(matches!(a.reshape(&[7]), Err(Error::Shape { .. })));
     assert!(matches!(a.broadcast_to(&[3, 3]), Err(Error::Shape { .. })));
     assert!(matches!(a.to_vec::<f64>(), Err(Error::DType { .. })));
@@ -291,7 +291,7 @@ fn zero_size_shapes_with_huge_axes_are_shape_errors_not_panics() {
     // Within isize: fine, and usable.
     let wide = Tensor::zeros(DType::F32, &[0, 1 << 40]).unwrap();
     assert_eq!(wide.len(), 0);
-    assert_eq!(wide.sum(Some(1)).unwrap().shape(), &[0]);
+    assert_eq!(wide.sum_axis(1).unwrap().shape(), &[0]);
     let t = wide.transpose().unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), Vec::<f32>::new());
     assert_eq!(t.reshape(&[0]).unwrap().shape(), &[0]);
@@ -322,14 +322,11 @@ fn integer_arithmetic_wraps_and_undefined_division_is_an_error() {
         vec![-2, 0, 14]
     );
     let wide = Tensor::from_slice(&[i64::MAX, 1], &[2]).unwrap();
-    assert_eq!(
-        wide.sum(None).unwrap().to_vec::<i64>().unwrap(),
-        vec![i64::MIN]
-    );
+    assert_eq!(wide.sum().unwrap().to_vec::<i64>().unwrap(), vec![i64::MIN]);
     assert_eq!(
         Tensor::from_slice(&[200u8, 100], &[2, 1])
             .unwrap()
-            .sum(Some(0))
+            .sum_axis(0)
             .unwrap()
             .to_vec::<u8>()
             .unwrap(),
@@ -389,16 +386,16 @@ fn integer_arithmetic_wraps_and_undefined_division_is_an_error() {
 #[test]
 fn mean_of_no_elements_is_an_error_and_argmax_of_an_empty_axis_too() {
     let empty = Tensor::zeros(DType::F64, &[0, 3]).unwrap();
-    assert!(matches!(empty.mean(None), Err(Error::Shape { .. })));
-    assert!(matches!(empty.mean(Some(0)), Err(Error::Shape { .. })));
-    assert_eq!(empty.mean(Some(1)).unwrap().shape(), &[0]);
-    assert_eq!(empty.sum(None).unwrap().scalar().unwrap(), 0.0);
+    assert!(matches!(empty.mean(), Err(Error::Shape { .. })));
+    assert!(matches!(empty.mean_axis(0), Err(Error::Shape { .. })));
+    assert_eq!(empty.mean_axis(1).unwrap().shape(), &[0]);
+    assert_eq!(empty.sum().unwrap().scalar().unwrap(), 0.0);
     assert!(matches!(empty.argmax(0), Err(Error::Shape { .. })));
     let a = ndarray::ArrayD::<f64>::zeros(IxDyn(&[0, 3]));
     assert!(a.mean().is_none() && a.mean_axis(Axis(0)).is_none());
     let ints = Tensor::from_slice(&[1i32, 2, 4, i32::MAX, i32::MAX, 1], &[2, 3]).unwrap();
     assert_eq!(
-        ints.mean(Some(1)).unwrap().to_vec::<i32>().unwrap(),
+        ints.mean_axis(1).unwrap().to_vec::<i32>().unwrap(),
         vec![2, 1431655765]
     );
 }
@@ -443,11 +440,11 @@ macro_rules! every_op_matches_ndarray {
             // Broadcasting a row and a column of transposed views.
             near(
                 "row+",
-                &tbt.add(&tat.sum(Some(1)).unwrap()).unwrap(),
+                &tbt.add(&tat.sum_axis(1).unwrap()).unwrap(),
                 &bt + &at.sum_axis(Axis(1)),
                 tol,
             );
-            let col = tbt.sum(Some(1)).unwrap().reshape(&[3, 1]).unwrap();
+            let col = tbt.sum_axis(1).unwrap().reshape(&[3, 1]).unwrap();
             near(
                 "col*",
                 &ta.mul(&col).unwrap(),
@@ -512,20 +509,20 @@ macro_rules! every_op_matches_ndarray {
             );
             near(
                 "sum",
-                &tbt.sum(None).unwrap(),
+                &tbt.sum().unwrap(),
                 ndarray::arr0(bt.sum()).into_dyn(),
                 tol,
             );
             for axis in 0..2 {
                 near(
                     "sum_axis",
-                    &tbt.sum(Some(axis)).unwrap(),
+                    &tbt.sum_axis(axis).unwrap(),
                     bt.sum_axis(Axis(axis)),
                     tol,
                 );
                 near(
                     "mean_axis",
-                    &tbt.mean(Some(axis)).unwrap(),
+                    &tbt.mean_axis(axis).unwrap(),
                     bt.mean_axis(Axis(axis)).unwrap(),
                     tol,
                 );
@@ -555,7 +552,7 @@ macro_rules! every_op_matches_ndarray {
             }
             near(
                 "mean",
-                &tbt.mean(None).unwrap(),
+                &tbt.mean().unwrap(),
                 ndarray::arr0(bt.mean().unwrap()).into_dyn(),
                 tol,
             );
@@ -639,9 +636,9 @@ fn contiguous_and_strided_operands_give_the_same_bits() {
                 .map(|lane| lane.sum().to_bits())
                 .collect()
         };
-        assert_eq!(bits(&x.sum(None).unwrap()), [a.sum().to_bits()], "{what}");
-        assert_eq!(bits(&x.sum(Some(0)).unwrap()), lanes(0), "{what} sum 0");
-        assert_eq!(bits(&x.sum(Some(1)).unwrap()), lanes(1), "{what} sum 1");
+        assert_eq!(bits(&x.sum().unwrap()), [a.sum().to_bits()], "{what}");
+        assert_eq!(bits(&x.sum_axis(0).unwrap()), lanes(0), "{what} sum 0");
+        assert_eq!(bits(&x.sum_axis(1).unwrap()), lanes(1), "{what} sum 1");
         same("add", x.add(&y).unwrap(), xs.add(&ys).unwrap());
         same("sub row", x.sub(&row).unwrap(), xs.sub(&row).unwrap());
         same("row div", row.div(&x).unwrap(), row.div(&xs).unwrap());

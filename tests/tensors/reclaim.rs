@@ -77,7 +77,7 @@ fn a_long_lived_view_neither_stalls_reclamation_nor_lets_pending_bytes_grow() {
     for i in 0..100 {
         let t = Tensor::zeros_in(&source, DType::F32, &[1 << 18]).unwrap(); // 1 MiB
         let other = t.clone();
-        std::thread::spawn(move || other.sum(None).unwrap().scalar().unwrap())
+        std::thread::spawn(move || other.sum().unwrap().scalar().unwrap())
             .join()
             .unwrap();
         drop(t);

@@ -118,7 +118,7 @@ fn scopes_and_reclamation_return_pool_memory_to_the_baseline() {
     // after another thread used them.
     let t = Tensor::zeros_in(&source, DType::F64, &[1 << 16]).unwrap();
     let shared = t.clone();
-    std::thread::spawn(move || shared.sum(None).unwrap().scalar().unwrap())
+    std::thread::spawn(move || shared.sum().unwrap().scalar().unwrap())
         .join()
         .unwrap();
     assert!(live(&source) >= 8 << 16);
@@ -156,7 +156,7 @@ fn using_a_tensor_of_a_closed_scope_is_an_error_naming_it() {
         err.to_string(),
         "Op [relu] X argument belongs to scope [batch-17], which is closed"
     );
-    assert!(matches!(view.sum(None), Err(Error::ScopeClosed { .. })));
+    assert!(matches!(view.sum(), Err(Error::ScopeClosed { .. })));
     assert!(x.detach().is_err());
 }
 

@@ -94,7 +94,7 @@ fn a_tensor_of_a_destroyed_workspace_is_leaked_even_through_views() {
     ws.destroy("DESTROYED").unwrap();
     leaked(x.relu(), "relu", "X", "DESTROYED");
     leaked(view.relu(), "relu", "X", "DESTROYED");
-    leaked(reshaped.sum(None), "sum", "X", "DESTROYED");
+    leaked(reshaped.sum(), "sum", "X", "DESTROYED");
     assert!(view.to_vec::<f32>().is_err());
 }
 
@@ -331,10 +331,7 @@ fn a_circular_tensor_under_a_view_is_never_overwritten_by_later_cycles() {
     for step in 0..6 {
         let _g = ws.get_and_activate(&ring, "RING_VIEW").unwrap();
         let fresh = Tensor::full(DType::F32, &[1024], step as f64).unwrap();
-        assert_eq!(
-            fresh.sum(None).unwrap().scalar().unwrap(),
-            1024.0 * step as f64
-        );
+        assert_eq!(fresh.sum().unwrap().scalar().unwrap(), 1024.0 * step as f64);
         assert!(
             view.iter().all(|&v| v == 7.0),
             "overwritten at cycle {step}"

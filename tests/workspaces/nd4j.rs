@@ -74,7 +74,7 @@ fn doubles(values: &[f64]) -> Tensor {
 }
 
 fn sum(t: &Tensor) -> f64 {
-    t.sum(None).unwrap().scalar().unwrap()
+    t.sum().unwrap().scalar().unwrap()
 }
 
 fn used(id: &str) -> usize {
@@ -576,7 +576,7 @@ fn over_time_learns_the_cold_cycle_and_hot_cycles_fit() {
         let g = ws.get_and_activate(&cfg, "ND4J_LOOPS1").unwrap();
         let array = Tensor::ones(DType::F64, &[10]).unwrap();
         assert_eq!(g.stats().used, 80);
-        let total = array.sum(None).unwrap();
+        let total = array.sum().unwrap();
         assert_eq!(g.stats().used, 80 + 8);
         assert_eq!(total.scalar().unwrap(), 10.0, "iteration {x}");
         assert_eq!(g.stats().spilled_bytes, 0);
@@ -1153,7 +1153,7 @@ fn reallocate_over_time_follows_the_larger_cycle() {
     assert_eq!(s.size, capacity(4000));
     let g = ws.get_and_activate(&cfg, "ND4J_REALLOC1").unwrap();
     let array = Tensor::full(DType::F32, &[500], 1.0).unwrap();
-    assert_eq!(array.mean(None).unwrap().scalar().unwrap(), 1.0);
+    assert_eq!(array.mean().unwrap().scalar().unwrap(), 1.0);
     assert_eq!(g.stats().spilled_bytes, 0);
 }
 
@@ -1587,7 +1587,7 @@ fn odd_sized_byte_arrays_keep_later_allocations_aligned() {
                 .unwrap()
                 .reshape(&[1, 10])
                 .unwrap();
-            let total = arr.sum(Some(1)).unwrap();
+            let total = arr.sum_axis(1).unwrap();
             let flags = Tensor::zeros(DType::U8, &[x + 1]).unwrap();
             assert_eq!(total.to_vec::<f64>().unwrap(), [55.0]);
             assert_eq!(flags.to_vec::<u8>().unwrap(), vec![0; x + 1]);
@@ -1701,7 +1701,7 @@ fn a_mapped_workspace_spills_what_its_file_cannot_hold() {
         let x = Tensor::rand(DType::F32, &[MIB / 2 + 1000], 1).unwrap();
         assert_eq!(x.workspace(), Some("ND4J_MMAP_LIMITS"));
         assert_eq!(g.stats().spilled_bytes, 2 * MIB + 4000);
-        assert!(x.mean(None).unwrap().scalar().unwrap() > 0.0);
+        assert!(x.mean().unwrap().scalar().unwrap() > 0.0);
         let small = Tensor::rand(DType::F32, &[1024], 2).unwrap();
         // The mean's scalar and the small array fit in the mapped buffer.
         assert_eq!(g.stats().used, bumped(&[4, 4096]), "what fits is mapped");
@@ -1970,7 +1970,7 @@ fn a_steady_loop_takes_nothing_from_the_pool_once_sized() {
             .unwrap()
             .add_scalar(1.0)
             .unwrap();
-        assert_eq!(array.mean(None).unwrap().scalar().unwrap(), 1.0);
+        assert_eq!(array.mean().unwrap().scalar().unwrap(), 1.0);
         assert_eq!(g.stats().spilled_bytes, 0);
     }
     let after = source.pool().stats();
@@ -1997,7 +1997,7 @@ fn spills_of_every_cycle_are_given_back_at_its_end() {
     for _ in 0..5 {
         let g = ws.get_and_activate(&cfg, "ND4J_ENDLESS2").unwrap();
         let array = Tensor::full(DType::F32, &[2 * MIB], 1.0).unwrap();
-        assert_eq!(array.mean(None).unwrap().scalar().unwrap(), 1.0);
+        assert_eq!(array.mean().unwrap().scalar().unwrap(), 1.0);
         let _array2 = Tensor::zeros(DType::F32, &[3 * MIB]).unwrap();
         assert_eq!(g.stats().spilled_bytes, 12 * MIB);
         drop(g);
@@ -2021,7 +2021,7 @@ fn nested_workspaces_share_arrays_within_their_cycles() {
         let array2 = Tensor::full(DType::F32, &[MIB / 8], 1.0).unwrap();
         let total = array1.add(&array2).unwrap();
         assert_eq!(total.workspace(), Some("ND4J_E3_WS2"));
-        assert_eq!(total.mean(None).unwrap().scalar().unwrap(), 2.0);
+        assert_eq!(total.mean().unwrap().scalar().unwrap(), 2.0);
     }
 }
 
@@ -2038,7 +2038,7 @@ fn many_small_reductions_in_one_cycle_stay_in_the_buffer() {
     for i in 0..1000usize {
         let (rows, cols) = (1 + i % 49, 1 + (i * 7) % 49);
         let array = Tensor::rand(DType::F32, &[rows, cols], i as u64).unwrap();
-        let reduced = array.sum(Some(1)).unwrap();
+        let reduced = array.sum_axis(1).unwrap();
         assert_eq!(reduced.shape(), &[rows]);
     }
     for i in 0..1000usize {

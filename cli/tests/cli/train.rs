@@ -511,8 +511,8 @@ fn the_header_names_the_heap_limit_the_run_is_under() {
     let dir = temp_dir("heap-header");
     let args = ["--mode", "pool", "--steps", "2", "--hidden", "8"];
     for (env, expected) in [
-        (None, "no limit (set NDMEM_MAX_HEAP for one)"),
-        (Some("64M"), "limit 64.0 MiB (NDMEM_MAX_HEAP;"),
+        (None, "; no limit (NDMEM_MAX_HEAP unset)"),
+        (Some("64M"), "; limit 64.0 MiB (NDMEM_MAX_HEAP)"),
     ] {
         let envs: Vec<(&str, &str)> = env.map(|v| ("NDMEM_MAX_HEAP", v)).into_iter().collect();
         let out = ndmem(&dir, &args, &envs);
