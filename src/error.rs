@@ -176,15 +176,10 @@ pub enum Error {
         /// The driver's message.
         message: String,
     },
-    /// A pool refused an allocation at its limit ([`AllocError::OutOfMemory`]), with the
-    /// report of what held the memory and what to do (semantics §7).
-    #[error("{report}")]
-    OutOfMemory {
-        /// The report; `report.error` is the pool's refusal.
-        report: Box<OomReport>,
-    },
-    /// Memory could not be allocated (the physical limit, a bad layout, the OS; a refusal
-    /// at the pool's limit is [`Error::OutOfMemory`]).
+    /// Memory could not be allocated. A refusal at a limit is
+    /// [`AllocError::OutOfMemory`] with this crate's [`OomReport`] attached (semantics §7):
+    /// its message lists the largest holders and what to do, and [`Error::oom_report`]
+    /// returns it. The physical limit, a bad layout and the OS give the other variants.
     #[error(transparent)]
     Alloc(AllocError),
     /// A configuration value is invalid.
@@ -212,21 +207,30 @@ pub enum Error {
 }
 
 impl Error {
-    /// The allocator's error inside [`Error::OutOfMemory`] or [`Error::Alloc`].
+    /// The allocator's error inside [`Error::Alloc`].
     pub fn alloc_error(&self) -> Option<&AllocError> {
         match self {
-            Error::OutOfMemory { report } => Some(&report.error),
             Error::Alloc(e) => Some(e),
             _ => None,
         }
     }
 
-    /// The out-of-memory report, for [`Error::OutOfMemory`].
+    /// The out-of-memory report of a refusal at a limit
+    /// (`Error::Alloc(AllocError::OutOfMemory { .. })`).
     pub fn oom_report(&self) -> Option<&OomReport> {
         match self {
-            Error::OutOfMemory { report } => Some(report),
+            Error::Alloc(AllocError::OutOfMemory {
+                report: Some(report),
+                ..
+            }) => report.downcast_ref(),
             _ => None,
         }
+    }
+
+    /// Whether this is a refusal at a limit (host or device), the error a smaller batch,
+    /// a freed workspace or a higher limit can cure.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::Alloc(AllocError::OutOfMemory { .. }))
     }
 }
 
@@ -263,12 +267,13 @@ pub struct Holder {
     pub detail: String,
 }
 
-/// The report attached to an out-of-memory error ([`Error::OutOfMemory`]) and
+/// The report attached to an out-of-memory error (`Error::Alloc(AllocError::OutOfMemory {
+/// report, .. })`, read with [`Error::oom_report`]) and
 /// handed to `stats::on_oom` hooks (semantics §7). `stats` builds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct OomReport {
-    /// The pool's refusal (its message opens the report).
+    /// The pool's refusal (its message opens the report), without the report attached.
     #[cfg_attr(feature = "serde", serde(skip))]
     pub error: AllocError,
     /// The largest holders, largest first (at most eight).

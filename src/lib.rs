@@ -240,7 +240,8 @@
 //! # Ok::<(), ndmem::Error>(())
 //! ```
 //!
-//! A refusal at the pool's limit is [`Error::OutOfMemory`], whose report names the largest
+//! A refusal at the pool's limit is `Error::Alloc(AllocError::OutOfMemory { .. })` with a
+//! report attached ([`Error::oom_report`]), which names the largest
 //! holders and the knob to turn; [`stats::snapshot`], [`stats::memory_summary`] and
 //! `NDMEM_TRACE=trace.json` (a timeline written at exit, drawn by `ndmem report`) show
 //! where memory went before it came to that.

@@ -99,9 +99,9 @@ impl fmt::Display for Holders {
 /// An allocation that could not be served. Nothing was allocated and no counter changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
-    /// The budget (`NDMEM_MAX_BYTES`, or a device budget) would be exceeded.
-    #[error("Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; {budget} {used} of {limit} limit in use ({holders}); raise {variable} or free memory (close scopes, detach fewer tensors, destroy unused workspaces)",
-        budget = .kind.budget(), used = ByteSize(*.used), limit = ByteSize(*.limit))]
+    /// The budget (`NDMEM_MAX_BYTES`, or a device budget) would be exceeded. With a
+    /// [`report`](AllocError::OutOfMemory::report) attached, the message is the report's.
+    #[error("{}", OomMessage::of(.kind, .requested, .thread, .used, .limit, .holders, .variable, .report))]
     OutOfMemory {
         /// Host or device memory.
         kind: MemoryKind,
@@ -117,6 +117,10 @@ pub enum AllocError {
         holders: Holders,
         /// The variable (or setting) that raises the limit.
         variable: &'static str,
+        /// What the runtime above the pool found when it refused (ndmem attaches its
+        /// out-of-memory report: the largest holders and what to do); `None` from the pool
+        /// itself.
+        report: Option<AttachedReport>,
     },
     /// The resident set size of the process would pass `NDMEM_MAX_PHYSICAL_BYTES`.
     #[error("Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; physical memory (RSS) {rss} of {limit} limit in use; raise {variable} or free memory",
@@ -180,6 +184,111 @@ pub enum AllocError {
     #[error("the memory pool is not configured: {0}")]
     Config(#[from] ConfigError),
 }
+
+/// The message of [`AllocError::OutOfMemory`]: its attached report's, or one line.
+struct OomMessage<'a> {
+    kind: MemoryKind,
+    requested: usize,
+    thread: u64,
+    used: usize,
+    limit: usize,
+    holders: &'a Holders,
+    variable: &'static str,
+    report: Option<&'a AttachedReport>,
+}
+
+impl<'a> OomMessage<'a> {
+    #[allow(clippy::too_many_arguments)] // the variant's fields, as thiserror passes them
+    fn of(
+        kind: &MemoryKind,
+        requested: &usize,
+        thread: &u64,
+        used: &usize,
+        limit: &usize,
+        holders: &'a Holders,
+        variable: &&'static str,
+        report: &'a Option<AttachedReport>,
+    ) -> OomMessage<'a> {
+        OomMessage {
+            kind: *kind,
+            requested: *requested,
+            thread: *thread,
+            used: *used,
+            limit: *limit,
+            holders,
+            variable,
+            report: report.as_ref(),
+        }
+    }
+}
+
+impl fmt::Display for OomMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(report) = self.report {
+            return write!(f, "{}", report.0);
+        }
+        write!(
+            f,
+            "Can't allocate {} memory: {} bytes; threadId: {}; {} {} of {} limit in use ({}); \
+             raise {} or free memory (close scopes, detach fewer tensors, destroy unused \
+             workspaces)",
+            self.kind,
+            self.requested,
+            self.thread,
+            self.kind.budget(),
+            ByteSize(self.used),
+            ByteSize(self.limit),
+            self.holders,
+            self.variable
+        )
+    }
+}
+
+/// A report a runtime above the pool attaches to a refusal at a limit
+/// ([`AllocError::OutOfMemory::report`]): its `Display` becomes the error's message. `ndmem`
+/// attaches its `stats::OomReport` (the largest holders, the bytes held for reuse, what to
+/// do); [`AttachedReport::downcast_ref`] gets it back.
+pub trait OomDetail: fmt::Display + fmt::Debug + Send + Sync + 'static {
+    /// The report as `Any`, for [`AttachedReport::downcast_ref`].
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// An [`OomDetail`] shared by the clones of the error it is attached to. Two are equal
+/// when they are the same report or print the same.
+#[derive(Clone)]
+pub struct AttachedReport(std::sync::Arc<dyn OomDetail>);
+
+impl AttachedReport {
+    /// Attaches `report`.
+    pub fn new(report: impl OomDetail) -> AttachedReport {
+        AttachedReport(std::sync::Arc::new(report))
+    }
+
+    /// The report, if it is a `T`.
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
+    }
+}
+
+impl fmt::Debug for AttachedReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for AttachedReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialEq for AttachedReport {
+    fn eq(&self, other: &AttachedReport) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for AttachedReport {}
 
 /// A byte count printed the way people read it: `512 B`, `64.0 KiB`, `1.50 GiB`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -44,7 +44,9 @@ pub mod trace;
 #[cfg(not(ndmem_loom))]
 mod tracking;
 
-pub use error::{AllocError, ByteSize, ConfigError, Holders, MemoryKind};
+pub use error::{
+    AllocError, AttachedReport, ByteSize, ConfigError, Holders, MemoryKind, OomDetail,
+};
 pub use limits::{
     parse_size, LimitSource, LimitSources, Limits, LimitsBuilder, ENV_MAX_BYTES,
     ENV_MAX_DEVICE_BYTES, ENV_MAX_HEAP, ENV_MAX_PHYSICAL_BYTES,

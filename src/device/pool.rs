@@ -236,6 +236,7 @@ impl Inner {
                             limit: exhausted.limit,
                             holders: self.counters.holders(),
                             variable: ENV_MAX_DEVICE_BYTES,
+                            report: None,
                         };
                         // The timeline's OOM event and the `stats::on_oom` hooks.
                         ndmem_alloc::trace::refused_device(self.ordinal, exhausted.used, &error);

@@ -29,14 +29,43 @@ impl OomReport {
     }
 }
 
+impl ndmem_alloc::OomDetail for OomReport {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 impl From<AllocError> for Error {
-    /// A refusal at a limit becomes [`Error::OutOfMemory`] with its report, built now
-    /// (semantics §7); every other allocation error stays [`Error::Alloc`].
+    /// An allocation error as [`Error::Alloc`]; a refusal at a limit gets its report,
+    /// built now (semantics §7), unless one is attached already.
     fn from(error: AllocError) -> Error {
         match error {
-            AllocError::OutOfMemory { .. } => Error::OutOfMemory {
-                report: Box::new(OomReport::new(error)),
-            },
+            AllocError::OutOfMemory { report: None, .. } => {
+                let report = OomReport::new(error.clone());
+                let AllocError::OutOfMemory {
+                    kind,
+                    requested,
+                    thread,
+                    used,
+                    limit,
+                    holders,
+                    variable,
+                    ..
+                } = error
+                else {
+                    unreachable!("matched as OutOfMemory above")
+                };
+                Error::Alloc(AllocError::OutOfMemory {
+                    kind,
+                    requested,
+                    thread,
+                    used,
+                    limit,
+                    holders,
+                    variable,
+                    report: Some(ndmem_alloc::AttachedReport::new(report)),
+                })
+            }
             other => Error::Alloc(other),
         }
     }

@@ -650,7 +650,7 @@ mod tests {
         for _ in 0..300 {
             assert!(matches!(
                 Arena::new("REFUSED", &too_big, DebugMode::Normal),
-                Err(Error::OutOfMemory { .. })
+                Err(Error::Alloc(AllocError::OutOfMemory { .. }))
             ));
         }
         let fine = Arena::new("FINE", &WorkspaceConfig::default(), DebugMode::Normal).unwrap();

@@ -515,10 +515,10 @@ impl WorkspaceConfigBuilder {
 
     /// The [`MemorySource`] whose pool the workspace draws every byte from (its buffer,
     /// its spills, the bytes of a mapped file); default: the global pool. Its limits apply: a
-    /// request the pool refuses at its limit fails with [`Error::OutOfMemory`] (any other
-    /// refusal with [`Error::Alloc`]). Like every other setting, it
-    /// is read when the workspace is created; entering an existing workspace with another
-    /// source keeps the first.
+    /// request the pool refuses fails with [`Error::Alloc`] (at its limit
+    /// `AllocError::OutOfMemory`, with the report attached). Like every other setting, it is
+    /// read when the workspace is created; entering an existing workspace with another source
+    /// keeps the first.
     pub fn source(mut self, source: MemorySource) -> Self {
         self.config.source = source;
         self

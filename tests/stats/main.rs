@@ -403,9 +403,19 @@ fn an_oom_report_names_the_holders_and_the_knob() {
     let scope = Scope::new_base_in("oom-scope", source);
     let _held = scope.zeros(DType::U8, &[100 << 10]).unwrap();
     let err = scope.zeros(DType::U8, &[300 << 10]).unwrap_err();
-    let Error::OutOfMemory { report } = &err else {
-        panic!("expected OutOfMemory, got {err:?}");
-    };
+    // The API's pattern matches a refusal at a limit, and the report rides along.
+    assert!(
+        matches!(
+            err,
+            Error::Alloc(AllocError::OutOfMemory {
+                report: Some(_),
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_out_of_memory());
+    let report = err.oom_report().expect("the report is attached");
     assert!(matches!(
         err.alloc_error(),
         Some(AllocError::OutOfMemory { .. })
@@ -642,4 +652,43 @@ fn without_the_tracking_allocator_the_heap_row_says_so() {
     // The PyTorch-style keys keep their figures (zero here).
     let keys: BTreeMap<_, _> = snap.pytorch_keys().into_iter().collect();
     assert_eq!(keys["ndmem.heap.current"], 0);
+}
+
+#[test]
+fn only_a_refusal_at_a_limit_carries_a_report_and_a_report_is_attached_once() {
+    let invalid = Error::from(AllocError::InvalidLayout {
+        size: 0,
+        align: 1,
+        reason: "zero-size allocations are not served",
+    });
+    assert!(!invalid.is_out_of_memory());
+    assert!(invalid.oom_report().is_none());
+    assert!(matches!(
+        invalid,
+        Error::Alloc(AllocError::InvalidLayout { .. })
+    ));
+
+    let pool = Pool::new(Limits::builder().max_bytes(64 << 10).build());
+    let refusal = pool.allocate(128 << 10, 16).unwrap_err();
+    assert!(matches!(
+        refusal,
+        AllocError::OutOfMemory { report: None, .. }
+    ));
+    let err = Error::from(refusal);
+    assert!(err.is_out_of_memory());
+    let report = err.oom_report().expect("attached on the way into Error");
+    assert_eq!(
+        report.error.to_string(),
+        pool.allocate(128 << 10, 16).unwrap_err().to_string()
+    );
+    assert_eq!(
+        err.to_string(),
+        report.to_string(),
+        "the error prints its report"
+    );
+    // Converting again keeps the report already attached.
+    let Error::Alloc(inner) = err.clone() else {
+        unreachable!()
+    };
+    assert_eq!(Error::from(inner), err);
 }

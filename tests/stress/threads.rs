@@ -70,7 +70,9 @@ static REFUSED: AtomicUsize = AtomicUsize::new(0);
 fn at_limit<T: std::fmt::Debug>(result: &Result<T, Error>) -> bool {
     let refused = matches!(
         result,
-        Err(Error::OutOfMemory { .. }) | Err(Error::Alloc(AllocError::PhysicalLimit { .. }))
+        Err(Error::Alloc(
+            AllocError::OutOfMemory { .. } | AllocError::PhysicalLimit { .. },
+        ))
     );
     if refused {
         REFUSED.fetch_add(1, Ordering::Relaxed);

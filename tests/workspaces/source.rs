@@ -37,7 +37,7 @@ fn a_workspace_draws_from_its_own_source_within_its_limit() {
     fill(&g, 4, 1000);
     assert_eq!(g.stats().spilled_bytes, 0);
     match g.alloc(layout(100 << 10)) {
-        Err(e @ Error::OutOfMemory { .. }) => {
+        Err(e @ Error::Alloc(AllocError::OutOfMemory { .. })) => {
             let Some(AllocError::OutOfMemory { requested, .. }) = e.alloc_error() else {
                 panic!("{e:?}")
             };

@@ -696,6 +696,7 @@ impl Core {
             limit,
             holders: self.local.summed(&self.books, |f| f.holders()),
             variable: self.knob().unwrap_or(self.bytes_variable),
+            report: None,
         }
     }
 
