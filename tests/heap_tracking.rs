@@ -475,6 +475,88 @@ fn env_garbage_is_reported_not_silently_ignored() {
     );
 }
 
+fn env_not_utf8_is_reported_too() {
+    use std::os::unix::ffi::OsStrExt;
+    let value = std::ffi::OsStr::from_bytes(b"64K\xff");
+    let out = Rerun::binary()
+        .env(CHILD, "expect_no_limit")
+        .env("NDMEM_MAX_HEAP", value)
+        .output();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("is not a valid size"), "stderr: {stderr}");
+}
+
+/// A fork while another thread changes the heap limit: the child must not inherit the
+/// limit change's lock taken (its first refill, `stats` and `set_limit` would then wait
+/// forever for a thread it does not have).
+fn a_fork_beside_limit_changes_leaves_the_child_a_usable_heap() {
+    let out = run_child(&[], "fork_beside_limit_changes");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+}
+
+/// Forks 40 children while a thread changes the limit in a loop; each child allocates past
+/// its cell (a refill, which reads the budget's limit and headroom together), reads the
+/// statistics, and kills itself. A child that has not exited after 10 s is killed and counted.
+fn fork_beside_limit_changes() {
+    let limit = heap::stats().reserved_bytes + (64 << 20);
+    heap::set_limit(Some(limit)).unwrap();
+    // A static, not an `Arc` the changer owns: a forked child has no changer thread, and
+    // memory only that thread referred to would be a leak there (under memcheck).
+    static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let changer = std::thread::spawn(move || {
+        while !STOP.load(std::sync::atomic::Ordering::Relaxed) {
+            heap::set_limit(Some(limit)).unwrap();
+            std::thread::yield_now();
+        }
+    });
+    let mut hung = 0;
+    for _ in 0..40 {
+        // SAFETY: the child only allocates, reads the statistics and calls _exit; the
+        // tracking allocator and libc's allocator are fork-safe.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let v = std::hint::black_box(vec![1u8; 3 << 20]);
+            if heap::stats().live_bytes < v.len() {
+                // SAFETY: ends the child at once, running nothing of the parent's.
+                unsafe { libc::_exit(3) };
+            }
+            // Done: SIGKILL ends the child running nothing at all, not even memcheck's leak
+            // check, which would count what the parent's other threads held as lost here.
+            // SAFETY: kills this process, the forked child.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        let start = std::time::Instant::now();
+        let mut status = 0;
+        loop {
+            // SAFETY: `pid` is this process's child; `status` is a valid out-pointer.
+            let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if done == pid {
+                assert!(
+                    libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
+                    "child status {status}"
+                );
+                break;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(10) {
+                hung += 1;
+                // SAFETY: kills and reaps our own child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+    changer.join().unwrap();
+    assert_eq!(hung, 0, "children stuck after a fork beside a limit change");
+}
+
 /// A panic in the OOM hook would unwind out of `GlobalAlloc::alloc` (undefined
 /// behaviour); the allocator aborts the process instead.
 fn a_panicking_oom_hook_aborts_instead_of_unwinding() {
@@ -534,6 +616,7 @@ fn child(case: &str) {
             let err = heap::env_error().expect("the variable's error is reported");
             assert!(err.to_string().contains("NDMEM_MAX_HEAP"), "{err}");
         }
+        "fork_beside_limit_changes" => fork_beside_limit_changes(),
         other => panic!("unknown child case {other}"),
     }
 }
@@ -543,7 +626,7 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 12] = [
+    let tests: [(&str, fn()); 14] = [
         (
             "an_inner_refusal_counts_a_failure_and_nothing_else",
             an_inner_refusal_counts_a_failure_and_nothing_else,
@@ -581,6 +664,11 @@ fn main() {
         (
             "env_garbage_is_reported_not_silently_ignored",
             env_garbage_is_reported_not_silently_ignored,
+        ),
+        ("env_not_utf8_is_reported_too", env_not_utf8_is_reported_too),
+        (
+            "a_fork_beside_limit_changes_leaves_the_child_a_usable_heap",
+            a_fork_beside_limit_changes_leaves_the_child_a_usable_heap,
         ),
         (
             "a_panicking_oom_hook_aborts_instead_of_unwinding",

@@ -172,19 +172,7 @@ impl Budget {
     /// Changes the limit. Fails, changing nothing, when more than the new limit is reserved.
     pub fn set_limit(&self, limit: Option<usize>) -> Result<(), Exhausted> {
         let new = limit.filter(|l| *l < UNLIMITED).unwrap_or(UNLIMITED);
-        // Take the lock: make `seq` odd (from an even value, so one writer at a time).
-        let seq = loop {
-            let seq = self.seq.load(Ordering::Relaxed);
-            if seq % 2 == 0
-                && self
-                    .seq
-                    .compare_exchange_weak(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                break seq;
-            }
-            spin_loop();
-        };
+        let seq = self.lock_limit();
         let old = self.limit.load(Ordering::Relaxed);
         let delta = new as isize - old as isize;
         let mut headroom = self.headroom.load(Ordering::Relaxed);
@@ -210,6 +198,37 @@ impl Budget {
         };
         self.seq.store(seq + 2, Ordering::Release);
         result
+    }
+
+    /// Takes the lock of [`Budget::set_limit`]: makes `seq` odd, from an even value, so one
+    /// writer at a time. Returns the even value it started from.
+    fn lock_limit(&self) -> usize {
+        loop {
+            let seq = self.seq.load(Ordering::Relaxed);
+            if seq % 2 == 0
+                && self
+                    .seq
+                    .compare_exchange_weak(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return seq;
+            }
+            spin_loop();
+        }
+    }
+
+    /// Holds off limit changes (waiting for one under way to end) until
+    /// [`Budget::allow_limit_changes`]: around a `fork()`, so that the child never starts
+    /// with the lock taken by a thread it does not have (its readers would wait forever).
+    pub fn hold_limit_changes(&self) {
+        self.lock_limit();
+    }
+
+    /// Ends [`Budget::hold_limit_changes`] (in the parent and in the child of a fork).
+    pub fn allow_limit_changes(&self) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        debug_assert!(seq % 2 == 1, "limit changes were not held");
+        self.seq.store(seq + 1, Ordering::Release);
     }
 
     fn exhausted(&self) -> Exhausted {

@@ -297,7 +297,7 @@ impl Limits {
 
 /// The value of the environment variable `name`, `None` when unset. A value that is not
 /// Unicode is an error naming the variable and showing the value (invalid bytes as U+FFFD).
-fn env_value(name: &str) -> Result<Option<String>, ConfigError> {
+pub(crate) fn env_value(name: &str) -> Result<Option<String>, ConfigError> {
     match std::env::var(name) {
         Ok(value) => Ok(Some(value)),
         Err(std::env::VarError::NotPresent) => Ok(None),

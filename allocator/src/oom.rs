@@ -22,8 +22,11 @@ use crate::tracking::HeapStats;
 /// ndmem_alloc::heap::set_oom_hook(ndmem_alloc::heap::exit_on_oom);
 /// ```
 ///
-/// The line reads `ndmem: heap limit reached: 64.0 KiB more would exceed
-/// NDMEM_MAX_HEAP=1.00 MiB (980 KiB live); raise NDMEM_MAX_HEAP`. On a terminal it first
+/// The line reads `ndmem: heap limit reached: a request of 64.0 KiB would exceed
+/// NDMEM_MAX_HEAP=1.00 MiB (980 KiB live); raise NDMEM_MAX_HEAP`, or, for a limit set by
+/// [`crate::heap::set_limit`], `... would exceed the heap limit of 1.00 MiB set by
+/// heap::set_limit (980 KiB live); raise it there`. (The request of a reallocation is its
+/// new size.) On a terminal it first
 /// clears the current line (a progress bar, say). Destructors and `atexit` handlers do not
 /// run: nothing that could need the heap runs after it.
 pub fn exit_on_oom(layout: Layout, stats: &HeapStats) {
@@ -32,7 +35,12 @@ pub fn exit_on_oom(layout: Layout, stats: &HeapStats) {
     if unsafe { libc::isatty(2) } == 1 {
         let _ = line.write_str("\r\x1b[2K");
     }
-    let _ = describe(&mut line, layout, stats);
+    let _ = describe(
+        &mut line,
+        layout,
+        stats,
+        crate::tracking::limit_set_in_code(),
+    );
     line.finish();
     // SAFETY: the bytes are a live stack buffer that write(2) only reads; _exit ends the
     // process at once, which is sound from any thread.
@@ -43,12 +51,26 @@ pub fn exit_on_oom(layout: Layout, stats: &HeapStats) {
 }
 
 /// The text of [`exit_on_oom`]'s line, without the newline.
-fn describe(out: &mut impl fmt::Write, layout: Layout, stats: &HeapStats) -> fmt::Result {
+/// `in_code`: the limit was set by `heap::set_limit`, not by the variable.
+fn describe(
+    out: &mut impl fmt::Write,
+    layout: Layout,
+    stats: &HeapStats,
+    in_code: bool,
+) -> fmt::Result {
     match stats.limit {
+        Some(limit) if in_code => write!(
+            out,
+            "ndmem: heap limit reached: a request of {} would exceed the heap limit of {} set \
+             by heap::set_limit ({} live); raise it there",
+            ByteSize(layout.size()),
+            ByteSize(limit),
+            ByteSize(stats.live_bytes)
+        ),
         Some(limit) => write!(
             out,
-            "ndmem: heap limit reached: {} more would exceed {ENV_MAX_HEAP}={} ({} live); \
-             raise {ENV_MAX_HEAP}",
+            "ndmem: heap limit reached: a request of {} would exceed {ENV_MAX_HEAP}={} ({} \
+             live); raise {ENV_MAX_HEAP}",
             ByteSize(layout.size()),
             ByteSize(limit),
             ByteSize(stats.live_bytes)
@@ -123,18 +145,22 @@ mod tests {
             limit: Some(1 << 20),
             ..HeapStats::default()
         };
+        let request = Layout::from_size_align(65536, 8).unwrap();
         let mut line = StackLine::default();
-        describe(
-            &mut line,
-            Layout::from_size_align(65536, 8).unwrap(),
-            &stats,
-        )
-        .unwrap();
+        describe(&mut line, request, &stats, false).unwrap();
         let text = std::str::from_utf8(&line.bytes[..line.len]).unwrap();
         assert_eq!(
             text,
-            "ndmem: heap limit reached: 64.0 KiB more would exceed NDMEM_MAX_HEAP=1.00 MiB \
-             (1000 B live); raise NDMEM_MAX_HEAP"
+            "ndmem: heap limit reached: a request of 64.0 KiB would exceed NDMEM_MAX_HEAP=1.00 \
+             MiB (1000 B live); raise NDMEM_MAX_HEAP"
+        );
+        let mut line = StackLine::default();
+        describe(&mut line, request, &stats, true).unwrap();
+        let text = std::str::from_utf8(&line.bytes[..line.len]).unwrap();
+        assert_eq!(
+            text,
+            "ndmem: heap limit reached: a request of 64.0 KiB would exceed the heap limit of \
+             1.00 MiB set by heap::set_limit (1000 B live); raise it there"
         );
         let unlimited = HeapStats {
             limit: None,
@@ -145,6 +171,7 @@ mod tests {
             &mut line,
             Layout::from_size_align(16, 8).unwrap(),
             &unlimited,
+            false,
         )
         .unwrap();
         assert!(std::str::from_utf8(&line.bytes[..line.len])

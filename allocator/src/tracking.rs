@@ -36,6 +36,14 @@ static FAILED: AtomicU64 = AtomicU64::new(0);
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The OOM hook as a `fn(Layout, &HeapStats)` address; 0 when none is set.
 static OOM_HOOK: AtomicUsize = AtomicUsize::new(0);
+/// Whether the heap limit in force was set by `heap::set_limit` (not by `NDMEM_MAX_HEAP`),
+/// for the advice of [`heap::exit_on_oom`].
+static LIMIT_IN_CODE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the heap limit in force was set by [`heap::set_limit`].
+pub(crate) fn limit_set_in_code() -> bool {
+    LIMIT_IN_CODE.load(Ordering::Relaxed)
+}
 
 thread_local! {
     /// This thread's cell, reserve slot and unpublished statistics. No destructor, so the
@@ -197,6 +205,38 @@ fn take_slow(size: usize) -> bool {
 fn register() {
     ACTIVE.store(true, Ordering::Relaxed);
     exit_hook::arm();
+    fork_hook::arm();
+}
+
+/// `pthread_atfork` handlers that hold off heap limit changes across a `fork()`: a limit
+/// change is a short lock (see [`crate::counter::Budget::set_limit`]), and a child forked
+/// while another thread held it would inherit it held, with no thread left to release it,
+/// so its first refill, `heap::stats` or `heap::set_limit` would wait forever.
+mod fork_hook {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static ARMED: AtomicBool = AtomicBool::new(false);
+
+    /// Installs the handlers once per process (the first thread to register does).
+    pub(super) fn arm() {
+        if !ARMED.swap(true, Ordering::AcqRel) {
+            // SAFETY: the handlers have the C ABI and signature pthread expects, and stay
+            // valid for the whole program. A failure (ENOMEM) leaves forks unprotected, as
+            // before; nothing else depends on it.
+            unsafe { libc::pthread_atfork(Some(prepare), Some(resume), Some(resume)) };
+        }
+    }
+
+    /// Before the fork, on the forking thread: waits out a limit change under way and holds
+    /// off the next (no allocation: a compare-and-swap loop).
+    extern "C" fn prepare() {
+        super::LEDGER.budget().hold_limit_changes();
+    }
+
+    /// After the fork, in the parent and in the child.
+    extern "C" fn resume() {
+        super::LEDGER.budget().allow_limit_changes();
+    }
 }
 
 /// The cold end of a free: the memory goes back first, then the cell's excess (a separate
@@ -510,7 +550,9 @@ pub mod heap {
                 what: "the heap limit",
                 limit: e.limit,
                 used: e.used,
-            })
+            })?;
+        LIMIT_IN_CODE.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Calls `hook` with the failed layout and the statistics just before the allocator
@@ -535,7 +577,9 @@ pub mod heap {
     /// The error in `NDMEM_MAX_HEAP`, if its value is not a size (the allocator itself can
     /// only warn on stderr and leave the heap unlimited).
     pub fn env_error() -> Option<ConfigError> {
-        let value = std::env::var(ENV_MAX_HEAP).ok()?;
-        crate::limits::parse_size_named(ENV_MAX_HEAP, &value).err()
+        match crate::limits::env_value(ENV_MAX_HEAP) {
+            Ok(value) => crate::limits::parse_size_named(ENV_MAX_HEAP, &value?).err(),
+            Err(not_unicode) => Some(not_unicode),
+        }
     }
 }
