@@ -38,36 +38,14 @@ impl ndmem_alloc::OomDetail for OomReport {
 impl From<AllocError> for Error {
     /// An allocation error as [`Error::Alloc`]; a refusal at a limit gets its report,
     /// built now (semantics §7), unless one is attached already.
-    fn from(error: AllocError) -> Error {
-        match error {
-            AllocError::OutOfMemory { report: None, .. } => {
-                let report = OomReport::new(error.clone());
-                let AllocError::OutOfMemory {
-                    kind,
-                    requested,
-                    thread,
-                    used,
-                    limit,
-                    holders,
-                    variable,
-                    ..
-                } = error
-                else {
-                    unreachable!("matched as OutOfMemory above")
-                };
-                Error::Alloc(AllocError::OutOfMemory {
-                    kind,
-                    requested,
-                    thread,
-                    used,
-                    limit,
-                    holders,
-                    variable,
-                    report: Some(ndmem_alloc::AttachedReport::new(report)),
-                })
+    fn from(mut error: AllocError) -> Error {
+        if let AllocError::OutOfMemory { report: None, .. } = &error {
+            let built = ndmem_alloc::AttachedReport::new(OomReport::new(error.clone()));
+            if let AllocError::OutOfMemory { report, .. } = &mut error {
+                *report = Some(built);
             }
-            other => Error::Alloc(other),
         }
+        Error::Alloc(error)
     }
 }
 
