@@ -104,7 +104,10 @@ pub struct Tensor {
 /// ([`Error::WorkspaceInUse`]), so the bytes shown are never rewritten or freed.
 ///
 /// Read it through [`TensorView::as_array`] (an ndarray view borrowed from this value, so
-/// it cannot outlive it), [`TensorView::get`], indexing or [`TensorView::sum`].
+/// it cannot outlive it), [`TensorView::get`], indexing, [`TensorView::iter`],
+/// [`TensorView::sum`] or [`TensorView::to_owned`]. It is not an `ArrayViewD` itself (nor
+/// derefs to one): a clone of such a view would keep the tensor's lifetime and so could
+/// outlive the hold that keeps its memory from being recycled.
 ///
 /// A view stays on the thread that made it (the tensor itself may be sent, and viewed
 /// there):
@@ -140,6 +143,27 @@ impl<T: Element> TensorView<'_, T> {
     /// The elements in row-major order.
     pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
         self.view.iter()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.view.is_empty()
+    }
+
+    /// The number of axes.
+    pub fn ndim(&self) -> usize {
+        self.view.ndim()
+    }
+
+    /// A copy of the elements as an owned ndarray array (heap memory, valid after the
+    /// view and the tensor are gone).
+    pub fn to_owned(&self) -> ndarray::ArrayD<T> {
+        self.view.to_owned()
     }
 
     /// The sum of the elements (ndarray's `sum`; integer sums wrap).

@@ -135,6 +135,12 @@ fn views_reshape_and_broadcast_share_memory() {
     );
     let view = t.view::<i32>().unwrap();
     assert_eq!(view[[1, 2]], 6);
+    assert_eq!((view.len(), view.ndim(), view.is_empty()), (6, 2, false));
+    let owned = view.to_owned();
+    drop(view);
+    drop(t);
+    assert_eq!(owned.shape(), &[2, 3]);
+    assert_eq!(owned[[1, 2]], 6);
 }
 
 #[test]
