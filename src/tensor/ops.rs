@@ -332,13 +332,13 @@ impl Tensor {
     /// sums over one axis). Floats use ndarray's `sum`; integers wrap on overflow. An empty
     /// sum is 0.
     pub fn sum(&self) -> Result<Tensor> {
-        self.sum_over(None)
+        self.reduce_over("sum", None, false)
     }
 
     /// The sum over `axis`, which the result no longer has (ndarray's `sum_axis`); an axis
     /// the tensor lacks is [`Error::Shape`].
     pub fn sum_axis(&self, axis: usize) -> Result<Tensor> {
-        self.sum_over(Some(axis))
+        self.reduce_over("sum", Some(axis), false)
     }
 
     /// The mean of every element, as a 0-d tensor, by ndarray's `mean`
@@ -346,29 +346,22 @@ impl Tensor {
     /// ndarray (`None` there): [`Error::Shape`]. Integer means are computed in `f64` and
     /// converted back like `as` (truncating toward zero).
     pub fn mean(&self) -> Result<Tensor> {
-        self.mean_over(None)
+        self.reduce_over("mean", None, true)
     }
 
     /// The mean over `axis`, which the result no longer has (ndarray's `mean_axis`); an
     /// axis of length 0 has no mean ([`Error::Shape`]), nor has an axis the tensor lacks.
     pub fn mean_axis(&self, axis: usize) -> Result<Tensor> {
-        self.mean_over(Some(axis))
+        self.reduce_over("mean", Some(axis), true)
     }
 
-    /// [`Tensor::sum`] (`None`) or [`Tensor::sum_axis`].
-    fn sum_over(&self, axis: Option<usize>) -> Result<Tensor> {
-        if let Some(on_device) = self.device_reduce("sum", axis, false) {
+    /// [`Tensor::sum`] / [`Tensor::mean`] (`None`) or their `_axis` forms: on the device
+    /// when the tensor lives there, else by element type.
+    fn reduce_over(&self, op: &str, axis: Option<usize>, mean: bool) -> Result<Tensor> {
+        if let Some(on_device) = self.device_reduce(op, axis, mean) {
             return on_device;
         }
-        with_dtype!(self.dtype, T => self.reduce::<T>("sum", axis, false))
-    }
-
-    /// [`Tensor::mean`] (`None`) or [`Tensor::mean_axis`].
-    fn mean_over(&self, axis: Option<usize>) -> Result<Tensor> {
-        if let Some(on_device) = self.device_reduce("mean", axis, true) {
-            return on_device;
-        }
-        with_dtype!(self.dtype, T => self.reduce::<T>("mean", axis, true))
+        with_dtype!(self.dtype, T => self.reduce::<T>(op, axis, mean))
     }
 
     fn reduce<T: Element>(&self, op: &str, axis: Option<usize>, mean: bool) -> Result<Tensor> {
