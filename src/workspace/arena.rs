@@ -479,7 +479,7 @@ impl Arena {
         if settings.config.policy_spill() == SpillPolicy::Fail && !settings.no_buffer {
             return Err(Error::WorkspaceFull {
                 workspace: self.id().to_string(),
-                requested: size.saturating_add(self.region.padding(align)),
+                requested: self.region.footprint(size, align),
                 available: self
                     .region
                     .end_offset()

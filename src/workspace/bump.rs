@@ -1,10 +1,13 @@
 //! The bump region of a running cycle: the buffer's base, the next free byte, and the end
 //! of the bytes this cycle may use (semantics §2.2).
 //!
-//! Invariant: `end` is 0 unless a cycle is running; while it is not 0, `[cursor, end)`
+//! Invariants: `end` is 0 unless a cycle is running; while it is not 0, `[cursor, end)`
 //! lies inside the live buffer starting at `base`, so a bump that stays below `end`
-//! returns a pointer into that buffer. The bump reads and writes `Cell`s only: no lock, no
-//! allocation, no system call.
+//! returns a pointer into that buffer. `cursor` and `end` are multiples of the workspace
+//! alignment (as `base` is): every request takes its size rounded up to the alignment, so
+//! a request aligned no more than the workspace needs no padding, and the bump that
+//! carries from one allocation to the next is a single addition. The bump reads and writes
+//! `Cell`s only: no lock, no allocation, no system call.
 
 #![allow(unsafe_code)]
 
@@ -40,27 +43,60 @@ impl Region {
     /// The bump itself: a pointer if the request fits the running cycle's region.
     #[inline(always)]
     pub(crate) fn bump(&self, layout: Layout) -> Option<NonNull<u8>> {
+        if layout.align() > self.align {
+            return self.bump_aligned(layout);
+        }
         let size = layout.size();
-        let align = self.align.max(layout.align());
         let cursor = self.cursor.get();
-        let pad = padding(cursor as usize, align);
+        // The cursor is aligned (module invariant): the block starts at it, and the next
+        // one after its size rounded up to the alignment. The rounding cannot overflow: a
+        // Layout's size is at most `isize::MAX`, the alignment at most 4096.
+        let step = self.round(size);
         // `end` is 0 unless a cycle is running, so a left or destroyed workspace never
-        // passes this test. `pad + size` cannot overflow: `pad` is below the larger of the
-        // workspace alignment (at most 4096) and `layout.align()`, and a Layout's size plus
-        // its alignment fits in isize.
-        let new_end = (cursor as usize).checked_add(pad + size)?;
+        // passes this test.
+        let new_end = (cursor as usize).checked_add(step)?;
         if size == 0 || new_end > self.end.get() {
             return None;
         }
-        self.cursor.set(cursor.wrapping_add(pad + size));
+        self.cursor.set(cursor.wrapping_add(step));
+        // SAFETY: `cursor < new_end <= end`, and whenever `end > 0` the region
+        // `[cursor, end)` lies inside the live buffer, so `cursor` is in it and not null.
+        Some(unsafe { NonNull::new_unchecked(cursor) })
+    }
+
+    /// The bump of a request aligned more than the workspace: padding first, out of line
+    /// so that it keeps the common bump's chain short.
+    #[cold]
+    #[inline(never)]
+    fn bump_aligned(&self, layout: Layout) -> Option<NonNull<u8>> {
+        let size = layout.size();
+        let cursor = self.cursor.get();
+        // `pad` is a multiple of the workspace alignment (both alignments are powers of
+        // two, the cursor a multiple of the smaller) below `layout.align()`, and a Layout's
+        // size plus its alignment fits in isize: `pad + step` cannot overflow.
+        let pad = padding(cursor as usize, layout.align());
+        let step = pad + self.round(size);
+        let new_end = (cursor as usize).checked_add(step)?;
+        if size == 0 || new_end > self.end.get() {
+            return None;
+        }
+        self.cursor.set(cursor.wrapping_add(step));
         // SAFETY: `cursor + pad < new_end <= end`, and whenever `end > 0` the region
         // `[cursor, end)` lies inside the live buffer, so the result is in it and not null.
         Some(unsafe { NonNull::new_unchecked(cursor.add(pad)) })
     }
 
-    /// Padding the next request aligned to `align` would need here.
-    pub(crate) fn padding(&self, align: usize) -> usize {
+    /// `bytes` rounded up to the workspace alignment (no overflow for `bytes <= isize::MAX`).
+    #[inline(always)]
+    fn round(&self, bytes: usize) -> usize {
+        (bytes + (self.align - 1)) & !(self.align - 1)
+    }
+
+    /// The bytes a request of `size` aligned to `align` would take here: the padding to
+    /// `align`, then `size` rounded up to the alignment (saturating).
+    pub(crate) fn footprint(&self, size: usize, align: usize) -> usize {
         padding(self.cursor.get() as usize, align)
+            .saturating_add(size.saturating_add(self.align - 1) & !(self.align - 1))
     }
 
     /// Whether the workspace has a buffer.
@@ -80,8 +116,9 @@ impl Region {
         (self.cursor.get() as usize).wrapping_sub(self.base.get() as usize)
     }
 
-    /// Moves the next free byte to `offset`.
+    /// Moves the next free byte to `offset` (rounded up to the alignment).
     pub(crate) fn set_offset(&self, offset: usize) {
+        let offset = offset.saturating_add(self.align - 1) & !(self.align - 1);
         self.cursor.set(self.base.get().wrapping_add(offset));
     }
 
@@ -90,9 +127,12 @@ impl Region {
         self.end.get().saturating_sub(self.base.get() as usize)
     }
 
-    /// Sets the end of this cycle's region to `offset`; 0 closes it (nothing bumps).
+    /// Sets the end of this cycle's region to `offset`, rounded down to the alignment (every
+    /// request takes a multiple of it, so the bytes past the last multiple serve none); 0
+    /// closes it (nothing bumps).
     /// Callers keep `offset` within the buffer.
     pub(crate) fn set_end_offset(&self, offset: usize) {
+        let offset = offset & !(self.align - 1);
         let end = if offset == 0 {
             0
         } else {
@@ -108,7 +148,11 @@ impl Region {
             return false;
         }
         let at = (ptr.as_ptr() as usize).wrapping_sub(self.base.get() as usize);
-        if at.checked_add(old) != Some(self.offset()) {
+        let rounded_end = at
+            .checked_add(old)
+            .and_then(|end| end.checked_add(self.align - 1))
+            .map(|end| end & !(self.align - 1));
+        if rounded_end != Some(self.offset()) {
             return false;
         }
         match at.checked_add(new) {
@@ -138,6 +182,46 @@ mod tests {
             let align = 1usize << shift;
             assert_eq!(dangling(align).as_ptr() as usize % align, 0);
         }
+    }
+
+    #[test]
+    fn every_request_takes_its_size_rounded_and_the_cursor_stays_aligned() {
+        let mut bytes = vec![0u128; 32]; // 512 bytes, 16-aligned
+        let region = Region::new(16);
+        region.set_base(bytes.as_mut_ptr().cast());
+        region.set_offset(0);
+        region.set_end_offset(200); // rounded down to 192
+        assert_eq!(region.end_offset(), 192);
+        let byte = Layout::from_size_align(1, 1).unwrap();
+        let first = region.bump(byte).unwrap();
+        assert_eq!(region.offset(), 16, "1 byte takes 16");
+        let second = region
+            .bump(Layout::from_size_align(40, 8).unwrap())
+            .unwrap();
+        assert_eq!(second.as_ptr() as usize - first.as_ptr() as usize, 16);
+        assert_eq!(region.offset(), 64, "40 bytes take 48, as ND4J rounds them");
+        assert_eq!(region.footprint(100, 64), 112);
+        // More aligned than the workspace: padded first (64 is already a multiple of 64).
+        let wide = region
+            .bump(Layout::from_size_align(8, 128).unwrap())
+            .unwrap();
+        assert_eq!(wide.as_ptr() as usize % 128, 0);
+        assert_eq!(region.offset(), 128 + 16);
+        assert_eq!(region.footprint(8, 128), 112 + 16);
+        // 48 bytes are left (192 - 144): 33 bytes take them all, then one byte does not fit.
+        assert!(region
+            .bump(Layout::from_size_align(33, 1).unwrap())
+            .is_some());
+        assert_eq!(region.offset(), 192);
+        assert!(region.bump(byte).is_none());
+        // Growing the last allocation in place keeps the cursor aligned.
+        region.set_offset(0);
+        let last = region
+            .bump(Layout::from_size_align(10, 1).unwrap())
+            .unwrap();
+        assert!(region.grow_last(last, 10, 20));
+        assert_eq!(region.offset(), 32);
+        drop(bytes);
     }
 
     #[test]

@@ -258,9 +258,12 @@ impl Model {
             return Ok(false);
         }
         let align = align.max(s.alignment);
+        // Padded to the request's alignment, the size rounded up to the workspace's; the
+        // buffer's bytes past its last multiple of the alignment serve no request.
         let start = self.used.next_multiple_of(align);
-        if self.size > 0 && start + size <= self.size {
-            self.used = start + size;
+        let end = start + size.next_multiple_of(s.alignment);
+        if self.size > 0 && end <= self.size / s.alignment * s.alignment {
+            self.used = end;
             return Ok(true);
         }
         if s.spill == SpillPolicy::Fail {

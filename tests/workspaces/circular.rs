@@ -258,10 +258,14 @@ fn circular_reallocate_rebuilds_the_ring_two_cycles_after_a_spill() {
     assert_eq!(ws.workspace("RING_GROW").unwrap().size, size);
     drop(ws.get_and_activate(&cfg, "RING_GROW").unwrap());
     let s = ws.workspace("RING_GROW").unwrap();
-    assert_eq!(s.max_cycle, 1000 + 1008);
+    assert_eq!(
+        s.max_cycle,
+        1008 + 1008,
+        "each request rounded to the alignment"
+    );
     assert_eq!(
         s.size,
-        capacity(2008 * 2),
+        capacity(2016 * 2),
         "block = max_cycle, same slot count"
     );
     let g = ws.get_and_activate(&cfg, "RING_GROW").unwrap();

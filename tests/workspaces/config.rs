@@ -213,7 +213,8 @@ fn sizes_no_buffer_can_have_are_refused_at_build_not_at_first_use() {
 
 #[test]
 fn every_allocation_is_aligned_to_the_workspace_or_the_layout() {
-    // Semantics §2.1: offsets rounded to max(alignment, layout.align()); padding is used.
+    // Semantics §2.1: each allocation starts at a multiple of max(alignment, layout.align())
+    // and takes its size rounded up to the alignment; padding and rounding are used.
     let cfg = strict().initial_size(4096).alignment(64).build().unwrap();
     let ws = workspaces();
     let g = ws.get_and_activate(&cfg, "ALIGN").unwrap();
@@ -228,8 +229,13 @@ fn every_allocation_is_aligned_to_the_workspace_or_the_layout() {
         b.cast::<u8>().as_ptr() as usize - a.cast::<u8>().as_ptr() as usize,
         64
     );
-    let end = c.cast::<u8>().as_ptr() as usize + 8 - a.cast::<u8>().as_ptr() as usize;
-    assert_eq!(g.stats().used, end, "padding counts toward the cycle");
+    let end = c.cast::<u8>().as_ptr() as usize + 64 - a.cast::<u8>().as_ptr() as usize;
+    assert_eq!(end, 256 + 64, "a, b, padding to 256, c rounded to 64");
+    assert_eq!(
+        g.stats().used,
+        end,
+        "padding and rounding count toward the cycle"
+    );
 }
 
 #[test]

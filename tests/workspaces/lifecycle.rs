@@ -76,16 +76,17 @@ fn fail_policy_errors_and_leaves_the_offset_unchanged() {
     let ws = workspaces();
     let g = ws.get_and_activate(&cfg, "FAIL").unwrap();
     let size = g.stats().size;
-    g.alloc(layout(size - 24)).unwrap();
+    g.alloc(layout(size - 24)).unwrap(); // takes size - 16: rounded to the alignment
     let used = g.stats().used;
+    assert_eq!(used, size - 16);
     match g.alloc(layout(100)) {
         Err(e @ Error::WorkspaceFull { .. }) => {
             assert_eq!(
                 e,
                 Error::WorkspaceFull {
                     workspace: "FAIL".into(),
-                    requested: 100 + 8,
-                    available: 24,
+                    requested: 112,
+                    available: 16,
                 }
             );
             assert!(e.to_string().contains("[FAIL]"), "{e}");
@@ -94,7 +95,7 @@ fn fail_policy_errors_and_leaves_the_offset_unchanged() {
     }
     assert_eq!(g.stats().used, used, "the offset did not move");
     assert_eq!(g.stats().spilled_bytes, 0);
-    g.alloc(layout(16)).unwrap(); // the remaining 24 bytes (8 padding) are still usable
+    g.alloc(layout(16)).unwrap(); // the remaining 16 bytes are still usable
     assert_eq!(g.stats().used, size);
 }
 
@@ -115,7 +116,11 @@ fn nested_workspaces_restore_the_previous_current_one_and_track_parents() {
         assert_eq!(here.stamp.workspace_id(), "INNER");
         assert_eq!(up.stamp.workspace_id(), "OUTER");
         assert!(up.stamp.is_in("OUTER") && !up.stamp.is_in("INNER"));
-        assert_eq!(ws.workspace("OUTER").unwrap().used, 8);
+        assert_eq!(
+            ws.workspace("OUTER").unwrap().used,
+            16,
+            "8 bytes rounded to 16"
+        );
         {
             let _out = ws.scope_out();
             assert_eq!(ws.current(), None);
@@ -267,16 +272,17 @@ fn statistics_have_every_figure_and_a_printed_form() {
         let g = ws.get_and_activate(&cfg, "STATS").unwrap();
         fill(&g, 1, 100);
         let s = ws.workspace("STATS").unwrap();
-        assert_eq!((s.used, s.open, s.generation, s.cycles), (100, true, 1, 0));
+        // 100 bytes take 112: each request is rounded up to the alignment (16).
+        assert_eq!((s.used, s.open, s.generation, s.cycles), (112, true, 1, 0));
     }
     let s = ws.workspace("STATS").unwrap();
     assert_eq!(s.id, "STATS");
-    assert_eq!((s.size, s.used, s.max_cycle), (capacity(2048), 0, 100));
+    assert_eq!((s.size, s.used, s.max_cycle), (capacity(2048), 0, 112));
     assert_eq!((s.spilled_bytes, s.pinned_bytes), (0, 0));
     assert!(ws.statistics().iter().any(|x| x == &s));
     let text = ws.allocation_statistics();
     assert!(
-        text.contains("[STATS] size 2.00 KiB, used 0 B, max cycle 100 B"),
+        text.contains("[STATS] size 2.00 KiB, used 0 B, max cycle 112 B"),
         "{text}"
     );
     assert!(text.contains("cycles 1, generation 1"), "{text}");
