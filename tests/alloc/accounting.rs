@@ -50,3 +50,43 @@ fn totals_count_every_byte_handed_out_and_given_back() {
     assert_eq!(end.total_allocated_bytes, end.total_freed_bytes);
     assert_eq!(end.allocations, end.deallocations);
 }
+
+/// The live peak with idle threads (semantics §1): threads that gave back what they
+/// allocated and then wait, alive, leave no trace in it, whatever their caches still hold.
+#[test]
+fn threads_that_freed_their_blocks_and_idle_leave_the_live_peak_exact() {
+    let pool = pool_with(64 * MIB);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let release = std::sync::Barrier::new(5);
+    // Read while the threads idle; asserted once they are released (a failed assertion
+    // must not leave them waiting).
+    let (capacities, idle, after, block_capacity) = std::thread::scope(|s| {
+        let mut capacities = Vec::new();
+        for _ in 0..4 {
+            let done_tx = done_tx.clone();
+            let (pool, release) = (&pool, &release);
+            s.spawn(move || {
+                let block = pool.allocate(3 * MIB, 64).unwrap();
+                let capacity = block.capacity();
+                drop(block);
+                done_tx.send(capacity).unwrap();
+                release.wait();
+            });
+            // One after another: the blocks are never live together.
+            capacities.push(done_rx.recv().unwrap());
+        }
+        let idle = pool.stats();
+        pool.reset_peak();
+        let block = pool.allocate(MIB, 64).unwrap();
+        let after = pool.stats();
+        let block_capacity = block.capacity();
+        drop(block);
+        release.wait();
+        (capacities, idle, after, block_capacity)
+    });
+    assert_eq!(capacities, [3 * MIB; 4]);
+    assert_eq!(idle.live_bytes, 0);
+    assert_eq!(idle.peak_bytes, 3 * MIB, "one block at a time: {idle:?}");
+    assert_eq!(after.peak_bytes, block_capacity, "{after:?}");
+    assert!(after.peak_bytes <= after.peak_used_bytes);
+}

@@ -78,6 +78,19 @@ use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
 
+/// The level below which a free publishes, once `published` was: a batch below it, or
+/// half of it when that is higher. A thread that gives back most of what it published and
+/// then idles publishes the fall, so the published sum never overstates a thread's live
+/// bytes by more than it still holds (nor by more than a batch); a loop that allocates and
+/// frees the same bytes each step still publishes nothing once its high is known.
+fn fall_below(published: isize) -> isize {
+    if published > 0 {
+        (published - PEAK_BATCH).max(published / 2)
+    } else {
+        published - PEAK_BATCH
+    }
+}
+
 /// Entries of each per-class array of a slot: the classes rounded up to a power of two, so
 /// that the hot paths index them with a class masked to fit ([`list`]) and no bounds check.
 /// The entries past the last class stay empty.
@@ -149,7 +162,7 @@ struct Mark {
     high: isize,
     /// The pool's peak epoch `high` belongs to.
     epoch: u64,
-    /// `published - PEAK_BATCH`: the level below which a free publishes.
+    /// [`fall_below`]`(published)`: the level below which a free publishes.
     fall: isize,
 }
 
@@ -394,7 +407,7 @@ impl Slot {
                 m.high = m.high.max(m.level);
                 books.publish(m.level - m.published, true);
                 m.published = m.level;
-                m.fall = m.level - PEAK_BATCH;
+                m.fall = fall_below(m.level);
             }
             let next = m.high.min(m.published + PEAK_BATCH);
             if self
@@ -468,7 +481,7 @@ impl Slot {
         let seen = self.rise.load(Ordering::Acquire);
         books.publish(m.level - m.published, false);
         m.published = m.level;
-        m.fall = m.level - PEAK_BATCH;
+        m.fall = fall_below(m.level);
         let next = m.high.min(m.published + PEAK_BATCH);
         // A failure means a reset lowered `rise`: the next allocation starts over.
         let _ =

@@ -504,9 +504,13 @@ impl Pool {
         let core = &*self.core;
         let physical = core.max_physical.load(Ordering::Relaxed);
         let stats = core.local.summed(&core.books, |f| core.books.stats(&f));
+        let peak_used = core.budget.peak();
         PoolStats {
+            // Live bytes are part of the used bytes, whose peak the budget keeps exactly: a
+            // live peak above it can only be the other threads' unpublished drift.
+            peak_bytes: stats.peak_bytes.min(peak_used).max(stats.live_bytes),
             used_bytes: core.budget.used(),
-            peak_used_bytes: core.budget.peak(),
+            peak_used_bytes: peak_used,
             limit_bytes: core.budget.limit(),
             physical_bytes: physical_bytes(),
             physical_limit_bytes: (physical < UNLIMITED).then_some(physical),
