@@ -78,13 +78,17 @@ use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
 
+/// Below this published level a free publishes only a whole batch below it.
+const PEAK_SMALL: isize = 256 << 10;
+
 /// The level below which a free publishes, once `published` was: a batch below it, or
-/// half of it when that is higher. A thread that gives back most of what it published and
-/// then idles publishes the fall, so the published sum never overstates a thread's live
-/// bytes by more than it still holds (nor by more than a batch); a loop that allocates and
-/// frees the same bytes each step still publishes nothing once its high is known.
+/// half of it when that is higher and it is above [`PEAK_SMALL`]. A thread that gives back
+/// most of what it published and then idles publishes the fall, so the published sum
+/// overstates an idle thread's live bytes by no more than the larger of what it still
+/// holds and `PEAK_SMALL` (nor by more than a batch); a loop that allocates and frees the
+/// same bytes each step publishes a handful of times a step at most, nothing below 256 KiB.
 fn fall_below(published: isize) -> isize {
-    if published > 0 {
+    if published > PEAK_SMALL {
         (published - PEAK_BATCH).max(published / 2)
     } else {
         published - PEAK_BATCH
