@@ -81,9 +81,19 @@ impl Budget {
     }
 
     /// Reserves `bytes`, or fails without changing anything if they would pass the limit.
-    /// Returns the reserved total just after this reservation.
+    /// Returns the reserved total just after this reservation, which the peak includes.
     #[inline]
     pub fn try_reserve(&self, bytes: usize) -> Result<usize, Exhausted> {
+        let used = self.try_reserve_unmarked(bytes)?;
+        self.peak.fetch_max(used, Ordering::Relaxed);
+        Ok(used)
+    }
+
+    /// [`Budget::try_reserve`] without raising the peak, for a caller that may still fail
+    /// after reserving (and give the bytes back): it calls [`Budget::note_peak`] once it
+    /// truly holds them, so that a refused request never shows in the peak.
+    #[inline]
+    pub fn try_reserve_unmarked(&self, bytes: usize) -> Result<usize, Exhausted> {
         let want = isize::try_from(bytes).map_err(|_| self.exhausted())?;
         // The limit that goes with the headroom this reservation sees, unless `seq` moves.
         let seq = self.seq.load(Ordering::Acquire);
@@ -105,8 +115,13 @@ impl Budget {
             }
         }
         let (used, _) = self.figures_since(seq, limit, headroom - want);
-        self.peak.fetch_max(used, Ordering::Relaxed);
         Ok(used)
+    }
+
+    /// Raises the peak to the reserved total now, for bytes reserved with
+    /// [`Budget::try_reserve_unmarked`] that are now held.
+    pub fn note_peak(&self) {
+        self.peak.fetch_max(self.used(), Ordering::Relaxed);
     }
 
     /// `(used, limit)` from `limit` and `headroom` read after `seq`, if no limit change

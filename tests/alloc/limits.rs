@@ -72,8 +72,11 @@ fn the_physical_limit_is_checked_when_memory_comes_from_the_os() {
     ] {
         assert!(msg.contains(&part), "{msg:?} lacks {part:?}");
     }
-    assert_eq!(pool.stats().used_bytes, 0);
+    let after = pool.stats();
+    assert_eq!(after.used_bytes, 0);
+    assert_eq!(after.peak_used_bytes, 0, "a refused request leaves no peak");
     assert!(pool.allocate(8 * MIB, 64).is_ok());
+    assert_eq!(pool.stats().peak_used_bytes, 8 * MIB);
 }
 
 /// Four threads allocate against a tight pool limit for a bounded time (semantics §1): the

@@ -296,6 +296,31 @@ fn the_trace_of_a_scripted_workload_has_exactly_the_expected_events() {
 }
 
 #[test]
+fn a_free_event_carries_the_pool_bytes_after_the_free() {
+    // Semantics §7: each event carries the figure after it. A block above 1 GiB is never
+    // cached: its free gives the bytes back to the OS, and the event says so.
+    let _lock = trace_lock();
+    let pool = Pool::new(Limits::builder().max_bytes(None).build());
+    trace::start(64);
+    let block = pool.allocate((1 << 30) + 4096, 4096).unwrap();
+    let held = pool.stats().used_bytes as u64;
+    drop(block);
+    let after = pool.stats().used_bytes as u64;
+    trace::stop();
+    let me = trace::thread_id();
+    let figures: Vec<_> = trace::events()
+        .into_iter()
+        .filter(|e| e.thread == me && e.space == Space::Pool && e.bytes == held)
+        .map(|e| (e.kind, e.value))
+        .collect();
+    assert_eq!(after, 0);
+    assert_eq!(
+        figures,
+        [(EventKind::Alloc, held), (EventKind::Free, after)]
+    );
+}
+
+#[test]
 fn the_ring_never_grows_past_its_bound_and_recording_allocates_nothing() {
     let _lock = trace_lock();
     trace::start(8);

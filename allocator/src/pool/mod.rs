@@ -198,6 +198,7 @@ impl Pool {
         let core = &*self.core;
         core.check_config()?;
         core.take_budget(bytes, bytes, None)?;
+        core.budget.note_peak();
         core.count_live(bytes, usage, false);
         Ok(Reservation::new(bytes, usage, self))
     }
@@ -354,19 +355,23 @@ impl Pool {
     #[inline(never)]
     fn release_slow(&self, ptr: NonNull<u8>, capacity: usize, class: u8, usage: Usage) {
         let core = &*self.core;
-        if crate::trace::is_on() {
-            core.traced(EventKind::Free, capacity);
-        }
         let kept = local::with_slot(core, |slot| {
             slot.freed(&core.books, capacity, usage);
             class != NO_CLASS && slot.keep(usize::from(class), ptr)
         });
         match kept {
-            Some(true) => return,
-            Some(false) => {}
-            None => core.books.freed(capacity, usage),
+            Some(true) => {}
+            Some(false) => core.release_shared(ptr, capacity),
+            None => {
+                core.books.freed(capacity, usage);
+                core.release_shared(ptr, capacity);
+            }
         }
-        core.release_shared(ptr, capacity);
+        // After the block went where it goes: the event carries the pool's bytes after the
+        // free (less, when the block went back to the OS).
+        if crate::trace::is_on() {
+            core.traced(EventKind::Free, capacity);
+        }
     }
 
     /// Takes a [`Reservation`] of `bytes` back.
@@ -600,7 +605,9 @@ impl Core {
     ) -> Result<Option<NonNull<u8>>, AllocError> {
         let mut relieved = false;
         loop {
-            let refusal = match self.budget.try_reserve(capacity) {
+            // The peak is raised once the bytes are held: after the OS gave them
+            // (`os_alloc`), or now for a reservation (`Pool::reserve`).
+            let refusal = match self.budget.try_reserve_unmarked(capacity) {
                 Ok(_) => match self.check_physical(capacity) {
                     Ok(()) => return Ok(None),
                     Err(rss) => {
@@ -729,6 +736,7 @@ impl Core {
         match os::obtain(capacity) {
             Ok(ptr) => {
                 self.books.os_allocation();
+                self.budget.note_peak();
                 Ok(ptr)
             }
             Err(errno) => {
