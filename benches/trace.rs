@@ -68,7 +68,7 @@ fn pool_round_trips(pool: &'static Pool, iters: u64) -> Duration {
 
 fn set(on: bool) {
     if on {
-        trace::start(1 << 12);
+        trace::start(1 << 12).unwrap();
     } else {
         trace::stop();
     }

@@ -189,7 +189,7 @@ struct Slot {
 
 struct Ring {
     /// A power of two of slots.
-    slots: Box<[Slot]>,
+    slots: Vec<Slot>,
     /// `slots.len() - 1`: a sequence number's slot is `seq & mask`.
     mask: u64,
     head: AtomicU64,
@@ -199,14 +199,18 @@ struct Ring {
 }
 
 impl Ring {
-    fn new(capacity: usize) -> Ring {
-        Ring {
-            slots: (0..capacity).map(|_| Slot::default()).collect(),
+    /// A ring of `capacity` (a power of two) slots; `None` if the heap refuses them.
+    fn new(capacity: usize) -> Option<Ring> {
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(capacity).ok()?;
+        slots.extend((0..capacity).map(|_| Slot::default()));
+        Some(Ring {
+            slots,
             mask: capacity as u64 - 1,
             head: AtomicU64::new(0),
             base_tick: AtomicU64::new(ticks()),
             base: Mutex::new(Instant::now()),
-        }
+        })
     }
 
     fn capacity(&self) -> usize {
@@ -298,36 +302,59 @@ pub fn is_on() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
+/// The heap refused the ring [`start`] asked for; the recorder was left as it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "trace::start: the heap refused {bytes} bytes for a ring of {capacity} events; \
+     ask for fewer events, or free heap memory (or raise NDMEM_MAX_HEAP)"
+)]
+pub struct RingRefused {
+    /// Events asked for, rounded up to a power of two.
+    pub capacity: usize,
+    /// Bytes the ring needs.
+    pub bytes: usize,
+}
+
 /// Switches the recorder on with a ring of `capacity` events, rounded up to a power of two
 /// (at least 1, at most 2^30; [`capacity`] says what it is), discarding what an earlier
-/// recording held. The ring is allocated here; recording allocates nothing.
-pub fn start(capacity: usize) {
+/// recording held. The ring is allocated here (40 bytes an event), once per capacity;
+/// recording allocates nothing. If the heap refuses the ring, nothing changes (an earlier
+/// recording is kept, on or off as it was) and the error says how much was asked for.
+pub fn start(capacity: usize) -> Result<(), RingRefused> {
     let capacity = capacity.clamp(1, 1 << 30).next_power_of_two();
     let mut ring = RING.lock().unwrap_or_else(PoisonError::into_inner);
-    ON.store(false, Ordering::Relaxed);
     match *ring {
-        Some(r) if r.capacity() == capacity => r.restart(),
+        Some(r) if r.capacity() == capacity => {
+            ON.store(false, Ordering::Relaxed);
+            r.restart();
+        }
         _ => {
             // A thread may still hold the ring it last wrote to, so no ring is ever freed:
             // each one made stays listed, and a later start of the same capacity reuses it
             // (at most one ring per power of two).
             let mut made = RINGS_MADE.lock().unwrap_or_else(PoisonError::into_inner);
             let r = match made.iter().find(|r| r.capacity() == capacity) {
-                Some(r) => {
-                    r.restart();
-                    *r
-                }
+                Some(r) => *r,
                 None => {
-                    let r: &'static Ring = Box::leak(Box::new(Ring::new(capacity)));
+                    let refused = RingRefused {
+                        capacity,
+                        bytes: capacity.saturating_mul(std::mem::size_of::<Slot>()),
+                    };
+                    made.try_reserve(1).map_err(|_| refused.clone())?;
+                    let new = Ring::new(capacity).ok_or(refused)?;
+                    let r: &'static Ring = Box::leak(Box::new(new));
                     made.push(r);
                     r
                 }
             };
+            ON.store(false, Ordering::Relaxed);
+            r.restart();
             *ring = Some(r);
         }
     }
     GENERATION.fetch_add(1, Ordering::Release);
     ON.store(true, Ordering::Release);
+    Ok(())
 }
 
 /// Switches the recorder off; what it recorded stays readable ([`events`], [`dump`]).
@@ -620,10 +647,10 @@ pub fn init_from_env() -> Result<Option<PathBuf>, ConfigError> {
         .get_or_init(|| {
             let result = env_path();
             match &result {
-                Ok(Some(_)) => {
-                    start(DEFAULT_CAPACITY);
-                    register_exit_hook();
-                }
+                Ok(Some(_)) => match start(DEFAULT_CAPACITY) {
+                    Ok(()) => register_exit_hook(),
+                    Err(e) => eprintln!("ndmem: NDMEM_TRACE: {e}; no trace is recorded"),
+                },
                 Ok(None) => {}
                 Err(e) => eprintln!("ndmem: {e}; no trace is recorded"),
             }

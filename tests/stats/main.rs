@@ -253,7 +253,7 @@ fn the_trace_of_a_scripted_workload_has_exactly_the_expected_events() {
     let source = own_source(4 << 20);
     let config = WorkspaceConfig::builder().source(source).build().unwrap();
     let ws = workspaces();
-    trace::start(1024);
+    trace::start(1024).unwrap();
     let block = source.pool().allocate(1000, 64).unwrap();
     drop(block);
     {
@@ -301,7 +301,7 @@ fn a_free_event_carries_the_pool_bytes_after_the_free() {
     // cached: its free gives the bytes back to the OS, and the event says so.
     let _lock = trace_lock();
     let pool = Pool::new(Limits::builder().max_bytes(None).build());
-    trace::start(64);
+    trace::start(64).unwrap();
     let block = pool.allocate((1 << 30) + 4096, 4096).unwrap();
     let held = pool.stats().used_bytes as u64;
     drop(block);
@@ -323,7 +323,7 @@ fn a_free_event_carries_the_pool_bytes_after_the_free() {
 #[test]
 fn the_ring_never_grows_past_its_bound_and_recording_allocates_nothing() {
     let _lock = trace_lock();
-    trace::start(8);
+    trace::start(8).unwrap();
     let name = trace::intern(Space::Scope, "bounded");
     let before = common::counting::heap_allocations_of_this_thread();
     for i in 0..100 {
@@ -535,7 +535,7 @@ fn recording_pool_and_bump_events_allocates_nothing() {
         .build()
         .unwrap();
     let ws = workspaces();
-    trace::start(1 << 10);
+    trace::start(1 << 10).unwrap();
     drop(source.pool().allocate(256, 16).unwrap()); // the pool's name is interned once
     let guard = ws.get_and_activate(&config, "TRACE_NO_ALLOC").unwrap();
     let before = common::counting::heap_allocations_of_this_thread();
@@ -592,7 +592,7 @@ fn devices_join_the_snapshot_and_their_refusals_the_timeline() {
     assert!(snap.to_string().contains("device [sim:7] live"), "{snap}");
 
     let _lock = trace_lock();
-    trace::start(64);
+    trace::start(64).unwrap();
     gpu.upload(&[7u8; 1024], &mut held).unwrap();
     let err = gpu.allocate(900 << 10).unwrap_err();
     trace::stop();
