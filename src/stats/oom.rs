@@ -22,8 +22,7 @@ use crate::workspace::{all_workspaces_with_source, WorkspaceStats};
 
 impl OomReport {
     /// The report for `error` as things stand now; the holders are those of the pool
-    /// that last refused an allocation on this thread, when it can be told (all of them
-    /// otherwise).
+    /// that last refused an allocation on this thread (all of them if none did).
     pub fn new(error: AllocError) -> OomReport {
         build(error)
     }
@@ -60,15 +59,22 @@ fn build(error: AllocError) -> OomReport {
     }
     let workspaces = all_workspaces_with_source();
     let scopes = scopes_with_source();
-    let pool = refusing_pool(&error, &workspaces, &scopes);
-    // Holders of the refusing pool only, when it is known.
-    let of_pool = |source: &MemorySource| pool.map_or(true, |p| std::ptr::eq(source.pool(), p));
+    let (refused, pool) = refusing_pool(&error, &workspaces, &scopes);
+    // Holders of the refusing pool only (a private pool no workspace or scope draws on
+    // has none), unless no pool refused on this thread.
+    let of_pool = |source: &MemorySource| refused.map_or(true, |id| source.pool().id() == id);
+    let me = format!("{:?}", std::thread::current().id());
     let mut holders = Vec::new();
     let mut idle_buffers = 0;
     let mut best_idle: Option<(String, usize)> = None;
     for (thread, w, _) in workspaces.iter().filter(|(_, _, s)| of_pool(s)) {
         let held = w.size + w.spilled_bytes + w.pinned_bytes;
-        idle_buffers += w.size.saturating_sub(w.used);
+        // Another thread's running cycle publishes its bump offset only at its end: its
+        // buffer counts as in use, not as idle.
+        let mine = *thread == me || thread.ends_with(&format!("({me})"));
+        if !w.open || mine {
+            idle_buffers += w.size.saturating_sub(w.used);
+        }
         if !w.open && held > best_idle.as_ref().map_or(0, |b| b.1) {
             best_idle = Some((format!("[{}] of thread {thread}", w.id), held));
         }
@@ -190,32 +196,38 @@ fn device_report(ordinal: u32, by_use: ndmem_alloc::Holders, error: AllocError) 
     }
 }
 
-/// The pool that refused, when it can be told: the global pool when the error names its
-/// variable, else the pool that last refused on this thread, found among the registered
-/// pools and the sources of the workspaces and scopes.
+/// The id of the pool that refused (`None` if none did), and the pool itself when it can
+/// be found: the global pool when the error names its variable, else the pool that last
+/// refused on this thread, found among the registered pools and the sources of the
+/// workspaces and scopes.
 fn refusing_pool(
     error: &AllocError,
     workspaces: &[(String, WorkspaceStats, MemorySource)],
     scopes: &[(ScopeSnapshot, MemorySource)],
-) -> Option<&'static Pool> {
+) -> (Option<usize>, Option<&'static Pool>) {
     if let AllocError::OutOfMemory { variable, .. } = error {
         if *variable == ENV_MAX_BYTES {
-            return Some(Pool::global());
+            let global = Pool::global();
+            return (Some(global.id()), Some(global));
         }
     }
     let address = trace::last_refused_pool();
+    if address == 0 {
+        return (None, None);
+    }
     let registered: Vec<MemorySource> = super::REGISTERED
         .read()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
         .map(|(_, s)| *s)
         .collect();
-    registered
+    let pool = registered
         .into_iter()
         .chain(workspaces.iter().map(|(_, _, s)| *s))
         .chain(scopes.iter().map(|(_, s)| *s))
         .map(|s| s.pool())
-        .find(|p| p.id() == address)
+        .find(|p| p.id() == address);
+    (Some(address), pool)
 }
 
 /// Whether `pool` is the global pool.

@@ -499,13 +499,17 @@ impl Arena {
             size as u64,
             used as u64,
         );
-        if settings.circular {
+        let landing = if settings.circular {
             let keep = self.spills.pin(block, counted, self.generation());
-            Ok((ptr, Landing::Spilled(Some(keep))))
+            Landing::Spilled(Some(keep))
         } else {
             self.spills.keep(block, counted);
-            Ok((ptr, Landing::Spilled(None)))
-        }
+            Landing::Spilled(None)
+        };
+        // A spill is pool memory other threads' reports must see (semantics §7): publish
+        // it now, off the bump path, rather than at the end of the cycle.
+        self.publish();
+        Ok((ptr, landing))
     }
 
     #[cold]

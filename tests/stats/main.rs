@@ -18,7 +18,7 @@ use std::sync::{Arc, Barrier, Mutex, PoisonError};
 use ndmem::alloc::{AllocError, Limits, Pool, PoolStats};
 use ndmem::stats::{self, trace, HolderKind, PYTORCH_KEYS};
 use ndmem::trace::{EventKind, Space};
-use ndmem::{workspaces, DType, Error, MemorySource, Scope, WorkspaceConfig};
+use ndmem::{workspaces, DType, Error, MemorySource, Scope, Tensor, WorkspaceConfig};
 
 /// Heap allocations are counted per thread, so a test can check that recording allocates
 /// nothing.
@@ -393,6 +393,77 @@ fn invalid_trace_child() {
     assert!(text.contains("is a directory"), "{text}");
     assert!(trace::init_from_env().is_err());
     assert!(!trace::is_on());
+}
+
+#[test]
+fn a_refusal_by_a_pool_nothing_draws_on_names_no_other_pools_holders() {
+    // Semantics §7: the holders are the refusing pool's. A private pool that no workspace
+    // or scope uses has none, however much other pools' workspaces and scopes hold.
+    let source = own_source(4 << 20);
+    let config = WorkspaceConfig::builder()
+        .initial_size(256 << 10)
+        .source(source)
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    drop(ws.get_and_activate(&config, "OTHER_POOL_WS").unwrap());
+    let scope = Scope::new_base_in("other-pool-scope", source);
+    let _held = scope.zeros(DType::U8, &[64 << 10]).unwrap();
+    let small = own_source(64 << 10);
+    let err = Tensor::zeros_in(&small, DType::U8, &[128 << 10]).unwrap_err();
+    let report = err.oom_report().expect("a refusal at a limit");
+    let text = report.to_string();
+    assert!(
+        report
+            .holders
+            .iter()
+            .all(|h| !matches!(h.kind, HolderKind::Workspace | HolderKind::Scope)),
+        "{text}"
+    );
+    assert!(
+        !text.contains("OTHER_POOL_WS") && !text.contains("other-pool-scope"),
+        "{text}"
+    );
+    ws.destroy("OTHER_POOL_WS").unwrap();
+}
+
+#[test]
+fn an_oom_report_sees_the_spills_of_another_threads_running_cycle() {
+    // Semantics §7: a spill is published when it happens, so the report of a refusal on
+    // one thread lists what another thread's running cycle spilled, and does not count
+    // that thread's running buffer as idle.
+    let source = own_source(4 << 20);
+    stats::register("spill pool", source);
+    let (spilled_tx, spilled_rx) = std::sync::mpsc::channel();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let busy = std::thread::Builder::new()
+        .name("busy".into())
+        .spawn(move || {
+            let config = WorkspaceConfig::builder().source(source).build().unwrap();
+            let ws = workspaces();
+            let g = ws.get_and_activate(&config, "BUSY_WS").unwrap();
+            // The first cycle has no buffer yet: this spills.
+            g.alloc(Layout::from_size_align(1 << 20, 16).unwrap())
+                .unwrap();
+            spilled_tx.send(()).unwrap();
+            end_rx.recv().unwrap();
+            drop(g);
+        })
+        .unwrap();
+    spilled_rx.recv().unwrap();
+    let err = Tensor::zeros_in(&source, DType::U8, &[7 << 19]).unwrap_err();
+    end_tx.send(()).unwrap();
+    busy.join().unwrap();
+    let report = err.oom_report().expect("a refusal at a limit");
+    let text = report.to_string();
+    let holder = report
+        .holders
+        .iter()
+        .find(|h| h.kind == HolderKind::Workspace && h.name.starts_with("[BUSY_WS]"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(holder.bytes, 1 << 20, "{text}");
+    assert!(holder.detail.contains("spilled 1.00 MiB"), "{text}");
+    assert_eq!(report.fragmentation_bytes, 0, "{text}");
 }
 
 #[test]
