@@ -236,7 +236,7 @@
 //! assert!(err.starts_with("Can't allocate [HOST] memory: 32768 bytes; threadId: "));
 //! assert!(err.contains("off-heap 48.0 KiB of 64.0 KiB limit in use"));
 //! drop(held);
-//! let _from_env = Limits::from_env()?; // what the global pool uses
+//! let _from_env = Limits::from_env()?; // every NDMEM_* limit, each checked
 //! # Ok::<(), ndmem::Error>(())
 //! ```
 //!

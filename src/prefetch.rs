@@ -32,6 +32,11 @@ pub const DEFAULT_NAME: &str = "PREFETCH";
 /// The queue capacity [`Prefetch::builder`] starts from.
 pub const DEFAULT_CAPACITY: usize = 2;
 
+/// The largest queue capacity (1022): the producer's ring has `capacity + 2` slots, at most
+/// [`MAX_RING_SLOTS`](crate::workspace::MAX_RING_SLOTS). A larger one is refused when the
+/// iterator is started, with [`Error::Config`] naming the capacity.
+pub const MAX_CAPACITY: usize = crate::workspace::MAX_RING_SLOTS - 2;
+
 /// A set of tensors that can be copied out of workspace memory ([`Batch::detach`]) or to a
 /// device ([`PrefetchBuilder::device`]). Implemented for [`Tensor`], `Vec`s and tuples of
 /// up to four of them, and for plain values that hold no tensor (numbers, `bool`,
@@ -285,7 +290,8 @@ impl PrefetchBuilder {
     }
 
     /// Batches the queue holds ahead of the consumer (0: each hand-over waits for the
-    /// other side). A batch stays valid until the consumer has taken `capacity + 1` more.
+    /// other side), at most [`MAX_CAPACITY`]. A batch stays valid until the consumer has
+    /// taken `capacity + 1` more.
     pub fn capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
         self
@@ -303,6 +309,21 @@ impl PrefetchBuilder {
 
     /// The circular configuration the producer's workspace gets.
     fn ring(&self) -> Result<WorkspaceConfig> {
+        if self.capacity > MAX_CAPACITY {
+            // Refused here, naming what the user set, before the ring's limit derived from
+            // it would be refused naming `overallocation_limit`.
+            return Err(Error::Config(ndmem_alloc::ConfigError::Invalid {
+                variable: "prefetch capacity".to_string(),
+                message: format!(
+                    "capacity {} of iterator [{}] is more than the largest allowed, \
+                     {MAX_CAPACITY} (prefetch::MAX_CAPACITY: the producer's ring has capacity + 2 \
+                     slots, at most {})",
+                    self.capacity,
+                    self.name,
+                    crate::workspace::MAX_RING_SLOTS
+                ),
+            }));
+        }
         let base = match &self.config {
             Some(config) => config.to_builder(),
             None => WorkspaceConfig::builder().policy_spill(SpillPolicy::Reallocate),
@@ -363,6 +384,9 @@ impl PrefetchBuilder {
     {
         let config = self.ring()?;
         let capacity = self.capacity;
+        // The batches' tensor headers cross to the consumer and come back to the producer
+        // through the depot: make its room now, not in the first steps.
+        crate::memory::owner::prepare_depot();
         let window = Arc::new(Window {
             name: self.name.clone(),
             span: Some(capacity as u64),
@@ -479,7 +503,8 @@ impl Prefetch<()> {
 }
 
 impl<B: Send + 'static> Prefetch<B> {
-    /// Prefetches `capacity` batches ahead: a producer thread builds `build(item)` for each
+    /// Prefetches `capacity` batches ahead (at most [`MAX_CAPACITY`], else
+    /// [`Error::Config`] naming it): a producer thread builds `build(item)` for each
     /// of `items`, in order, inside its circular workspace (semantics §6). See
     /// [`Prefetch::builder`] for the name and the workspace.
     pub fn new<I, It, F>(capacity: usize, items: It, build: F) -> Result<Prefetch<B>>

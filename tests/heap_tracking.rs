@@ -196,6 +196,24 @@ fn a_copy_the_heap_cannot_hold_is_an_error_not_an_abort() {
     assert_eq!(t.to_vec::<f32>().unwrap().len(), 1 << 20);
 }
 
+fn a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort() {
+    // Semantics §7: `trace::start` allocates its ring fallibly; refused, nothing changes.
+    let live = heap::stats().live_bytes;
+    heap::set_limit(Some(live + (64 << 20))).unwrap();
+    let result = ndmem::trace::start(usize::MAX);
+    let on = ndmem::trace::is_on();
+    heap::set_limit(None).unwrap();
+    let err = result.unwrap_err();
+    assert_eq!(err.capacity, 1 << 30, "clamped to the largest ring");
+    assert_eq!(err.bytes, 40 << 30);
+    assert!(!on, "the recorder stays off");
+    assert!(err.to_string().contains("fewer events"), "{err}");
+    // With room, a small ring starts.
+    ndmem::trace::start(16).unwrap();
+    assert!(ndmem::trace::is_on());
+    ndmem::trace::stop();
+}
+
 /// The layouts the OOM hook saw (size, alignment), for
 /// [`an_inner_refusal_counts_a_failure_and_nothing_else`].
 static HOOK_SIZE: AtomicUsize = AtomicUsize::new(0);
@@ -487,6 +505,27 @@ fn env_not_utf8_is_reported_too() {
     assert!(stderr.contains("is not a valid size"), "stderr: {stderr}");
 }
 
+/// The allocator's warning and `heap::env_error()` give the same reason for a value that is
+/// not UTF-8 (not a parse of its raw bytes), and show the value the same way.
+fn env_not_utf8_warning_agrees_with_env_error() {
+    use std::os::unix::ffi::OsStrExt;
+    let value = std::ffi::OsStr::from_bytes(b"1\xffG");
+    let out = Rerun::binary()
+        .env(CHILD, "expect_not_utf8")
+        .env("NDMEM_MAX_HEAP", value)
+        .output();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "NDMEM_MAX_HEAP=\"1\u{fffd}G\" is not a valid size: it is not valid UTF-8 \
+             (invalid bytes shown as U+FFFD); the heap limit is not applied"
+        ),
+        "stderr: {stderr}"
+    );
+    assert!(!stderr.contains("unknown unit"), "stderr: {stderr}");
+}
+
 /// A fork while another thread changes the heap limit: the child must not inherit the
 /// limit change's lock taken (its first refill, `stats` and `set_limit` would then wait
 /// forever for a thread it does not have).
@@ -616,6 +655,17 @@ fn child(case: &str) {
             let err = heap::env_error().expect("the variable's error is reported");
             assert!(err.to_string().contains("NDMEM_MAX_HEAP"), "{err}");
         }
+        "expect_not_utf8" => {
+            assert_eq!(heap::stats().limit, None);
+            let err = heap::env_error().expect("the variable's error is reported");
+            assert!(
+                err.to_string().contains(
+                    "NDMEM_MAX_HEAP=\"1\u{fffd}G\" is not a valid size: it is not valid UTF-8 \
+                     (invalid bytes shown as U+FFFD)"
+                ),
+                "{err}"
+            );
+        }
         "fork_beside_limit_changes" => fork_beside_limit_changes(),
         other => panic!("unknown child case {other}"),
     }
@@ -626,7 +676,11 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 14] = [
+    let tests: [(&str, fn()); 16] = [
+        (
+            "a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort",
+            a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort,
+        ),
         (
             "an_inner_refusal_counts_a_failure_and_nothing_else",
             an_inner_refusal_counts_a_failure_and_nothing_else,
@@ -666,6 +720,10 @@ fn main() {
             env_garbage_is_reported_not_silently_ignored,
         ),
         ("env_not_utf8_is_reported_too", env_not_utf8_is_reported_too),
+        (
+            "env_not_utf8_warning_agrees_with_env_error",
+            env_not_utf8_warning_agrees_with_env_error,
+        ),
         (
             "a_fork_beside_limit_changes_leaves_the_child_a_usable_heap",
             a_fork_beside_limit_changes_leaves_the_child_a_usable_heap,

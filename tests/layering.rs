@@ -26,9 +26,9 @@ const LAYERS: &[&[&str]] = &[
 const WORKSPACE_ORDER: &[&str] = &[
     "slots",
     "state",
+    "sizing",
     "config",
     "stats",
-    "sizing",
     "stamp",
     "buffer",
     "bump",

@@ -53,6 +53,29 @@ pub(crate) fn parse_size_named(variable: &str, text: &str) -> Result<usize, Conf
     })
 }
 
+/// `NDMEM_MAX_DEVICE_BYTES` as the host reads it: a size (`Some`; `None` for `0`, no
+/// limit), or `None` for a percentage, a share of each device's memory that only the device
+/// layer can resolve (`ndmem::device::DeviceLimit`, when a device is opened). Of a
+/// percentage the host checks only that it is one, at most 100% and with no more digits
+/// than the device layer takes; whether it comes to at least one byte is the device's to
+/// judge, never host RAM's.
+pub(crate) fn parse_device_size(text: &str) -> Result<Option<usize>, ConfigError> {
+    let invalid = |reason| ConfigError::InvalidSize {
+        variable: ENV_MAX_DEVICE_BYTES.into(),
+        value: text.into(),
+        reason,
+    };
+    let (whole, fraction, suffix) = split_size(text.as_bytes()).map_err(invalid)?;
+    if suffix != b"%" {
+        return parse_size_named(ENV_MAX_DEVICE_BYTES, text).map(|n| (n > 0).then_some(n));
+    }
+    if whole.len() > 4 || fraction.map_or(0, <[u8]>::len) > 12 {
+        return Err(invalid("it has too many digits"));
+    }
+    percentage(whole, fraction, PercentOf::Device).map_err(invalid)?;
+    Ok(None)
+}
+
 /// What a percentage is a share of, for the wording of its errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PercentOf {
@@ -78,8 +101,11 @@ pub(crate) fn parse_size_bytes(text: &[u8]) -> Result<usize, SizeError> {
     parse_size_of(text, PercentOf::Ram)
 }
 
-/// [`parse_size_bytes`], a percentage's errors worded for `whole_of`.
-fn parse_size_of(text: &[u8], whole_of: PercentOf) -> Result<usize, SizeError> {
+/// The parts of a size: the whole number, its fraction and the unit after them.
+type SizeParts<'a> = (&'a [u8], Option<&'a [u8]>, &'a [u8]);
+
+/// Splits `1.5 GiB` into `1`, `Some(5)` and `GiB`, refusing what is no number at all.
+fn split_size(text: &[u8]) -> Result<SizeParts<'_>, SizeError> {
     let text = text.trim_ascii();
     if text.is_empty() {
         return Err("it is empty");
@@ -93,14 +119,29 @@ fn parse_size_of(text: &[u8], whole_of: PercentOf) -> Result<usize, SizeError> {
         .unwrap_or(text.len());
     let (number, suffix) = text.split_at(number_len);
     let (whole, fraction) = split_decimal(number)?;
-    let suffix = suffix.trim_ascii_start();
+    Ok((whole, fraction, suffix.trim_ascii_start()))
+}
+
+/// A percentage `whole.fraction` as `scaled / denominator` percent, at most 100%.
+fn percentage(
+    whole: &[u8],
+    fraction: Option<&[u8]>,
+    whole_of: PercentOf,
+) -> Result<(u128, u128), SizeError> {
+    let (scaled, denominator) = scale_decimal(whole, fraction)?;
+    if scaled > 100 * denominator {
+        return Err(whole_of.over_100());
+    }
+    Ok((scaled, denominator))
+}
+
+/// [`parse_size_bytes`], a percentage's errors worded for `whole_of`.
+fn parse_size_of(text: &[u8], whole_of: PercentOf) -> Result<usize, SizeError> {
+    let (whole, fraction, suffix) = split_size(text)?;
 
     if suffix == b"%" {
         // Percent of RAM: whole.fraction / 100 * ram, computed in integers.
-        let (scaled, denominator) = scale_decimal(whole, fraction)?;
-        if scaled > 100 * denominator {
-            return Err(whole_of.over_100());
-        }
+        let (scaled, denominator) = percentage(whole, fraction, whole_of)?;
         let ram = physical_ram() as u128;
         let bytes = ram * scaled / (100 * denominator);
         if bytes == 0 && scaled > 0 {
@@ -215,7 +256,10 @@ pub struct Limits {
     pub max_bytes: Option<usize>,
     /// Resident set size the pool may grow the process to; `None`: unlimited.
     pub max_physical_bytes: Option<usize>,
-    /// Bytes each GPU may hold; `None`: min(max_bytes, 90% of the device), decided per device.
+    /// Bytes each GPU may hold. `None` when there is no figure in bytes: unset (the
+    /// default, min(max_bytes, 90% of the device)), `0` (no limit of ndmem's own), or a
+    /// percentage of each device's memory (with [`LimitSource::Environment`]); all three are
+    /// resolved per device when it is opened.
     pub max_device_bytes: Option<usize>,
     /// Where each value came from.
     pub sources: LimitSources,
@@ -224,8 +268,30 @@ pub struct Limits {
 impl Limits {
     /// Reads `NDMEM_MAX_HEAP`, `NDMEM_MAX_BYTES`, `NDMEM_MAX_PHYSICAL_BYTES` and
     /// `NDMEM_MAX_DEVICE_BYTES`, filling the rest with the defaults of semantics §1.
+    ///
+    /// Garbage in any of the four is [`ConfigError::InvalidSize`] naming it: this is the
+    /// check of the whole environment (the `ndmem` command's). Each user of a variable reads
+    /// only its own: the global pool ([`crate::Pool::try_global`]) `NDMEM_MAX_BYTES` and
+    /// `NDMEM_MAX_PHYSICAL_BYTES`, the heap ([`crate::heap::env_error`]) `NDMEM_MAX_HEAP`,
+    /// a device `NDMEM_MAX_DEVICE_BYTES` when it is opened. A percentage in
+    /// `NDMEM_MAX_DEVICE_BYTES` is checked only for its form here (see
+    /// [`Limits::max_device_bytes`]).
     pub fn from_env() -> Result<Limits, ConfigError> {
         Self::from_lookup(env_value)
+    }
+
+    /// The global pool's limits: `NDMEM_MAX_BYTES` and `NDMEM_MAX_PHYSICAL_BYTES` from the
+    /// environment, the heap's and the devices' variables left to their own readers, so
+    /// garbage there never makes the host pool unusable.
+    #[cfg_attr(ndmem_loom, allow(dead_code))]
+    pub(crate) fn pool_from_env() -> Result<Limits, ConfigError> {
+        Self::from_lookup(|name| {
+            if name == ENV_MAX_BYTES || name == ENV_MAX_PHYSICAL_BYTES {
+                env_value(name)
+            } else {
+                Ok(None)
+            }
+        })
     }
 
     /// [`Limits::from_env`] over any source of variables (tests, configuration files).
@@ -251,8 +317,8 @@ impl Limits {
             builder.max_physical_bytes = Some(v);
             from_env.max_physical_bytes = LimitSource::Environment;
         }
-        if let Some(v) = read(ENV_MAX_DEVICE_BYTES)? {
-            builder.max_device_bytes = Some(v);
+        if let Some(value) = lookup(ENV_MAX_DEVICE_BYTES)? {
+            builder.max_device_bytes = Some(parse_device_size(&value)?);
             from_env.max_device_bytes = LimitSource::Environment;
         }
         let mut limits = builder.build();
@@ -295,6 +361,9 @@ impl Limits {
     }
 }
 
+/// Why a value that is not Unicode is no size (the allocator's warning says the same).
+pub(crate) const NOT_UTF8: SizeError = "it is not valid UTF-8 (invalid bytes shown as U+FFFD)";
+
 /// The value of the environment variable `name`, `None` when unset. A value that is not
 /// Unicode is an error naming the variable and showing the value (invalid bytes as U+FFFD).
 pub(crate) fn env_value(name: &str) -> Result<Option<String>, ConfigError> {
@@ -304,7 +373,7 @@ pub(crate) fn env_value(name: &str) -> Result<Option<String>, ConfigError> {
         Err(std::env::VarError::NotUnicode(value)) => Err(ConfigError::InvalidSize {
             variable: name.into(),
             value: value.to_string_lossy().into_owned(),
-            reason: "it is not valid UTF-8 (invalid bytes shown as U+FFFD)",
+            reason: NOT_UTF8,
         }),
     }
 }
@@ -542,6 +611,32 @@ mod tests {
                 assert!(!msg.contains("RAM"), "{msg}");
             }
         }
+    }
+
+    #[test]
+    fn a_device_percentage_is_left_to_the_device_not_judged_against_ram() {
+        // 1e-10 % of RAM is less than a byte; of a large device it is a limit. The host only
+        // checks the form.
+        for percent in ["0.0000000001%", "50%", " 12.5 %", "0%"] {
+            let env = HashMap::from([(ENV_MAX_DEVICE_BYTES, percent)]);
+            let limits = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string())))
+                .unwrap_or_else(|e| panic!("{percent}: {e}"));
+            assert_eq!(limits.max_device_bytes, None, "{percent}");
+            assert_eq!(limits.sources.max_device_bytes, LimitSource::Environment);
+        }
+        for bad in ["150%", "x%", "%", "-1%", "0.0000000000001%", "1.5.2%"] {
+            let env = HashMap::from([(ENV_MAX_DEVICE_BYTES, bad)]);
+            let msg = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string())))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains(&format!("{ENV_MAX_DEVICE_BYTES}={bad:?}")),
+                "{msg}"
+            );
+        }
+        let env = HashMap::from([(ENV_MAX_DEVICE_BYTES, "1G")]);
+        let limits = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string()))).unwrap();
+        assert_eq!(limits.max_device_bytes, Some(1 << 30));
     }
 
     #[test]

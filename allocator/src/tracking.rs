@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::counter::{Ledger, Tally};
 use crate::error::{AllocError, ConfigError};
-use crate::limits::{parse_size_bytes, ENV_MAX_HEAP};
+use crate::limits::{parse_size_bytes, ENV_MAX_HEAP, NOT_UTF8};
 
 /// Threads that keep a reserve at once (the others reserve from the budget directly).
 const RESERVE_SLOTS: usize = 256;
@@ -412,6 +412,23 @@ fn apply_env_limit(value: Option<&[u8]>) {
     let Some(value) = value else {
         return;
     };
+    if std::str::from_utf8(value).is_err() {
+        // The reason `heap::env_error` gives, the value shown the same way (invalid bytes
+        // as U+FFFD), written piece by piece: nothing here may allocate.
+        warn(&[b"ndmem: NDMEM_MAX_HEAP=\""]);
+        for chunk in value.utf8_chunks() {
+            warn(&[chunk.valid().as_bytes()]);
+            if !chunk.invalid().is_empty() {
+                warn(&["\u{fffd}".as_bytes()]);
+            }
+        }
+        warn(&[
+            b"\" is not a valid size: ",
+            NOT_UTF8.as_bytes(),
+            b"; the heap limit is not applied\n",
+        ]);
+        return;
+    }
     match parse_size_bytes(value) {
         Ok(0) => {}
         Ok(limit) => {

@@ -528,10 +528,11 @@ fn wrap(text: &str, width: usize) -> String {
 /// What the table's columns measure (lines of at most 80 columns).
 const TABLE_NOTE: &str = "\
 steps/s: 1 / median step time. allocs/step: means over the steps after the
-first (pool blocks, OS requests, heap allocations). off-heap peak: pool bytes
-over the whole mode; live: held by tensors and workspaces; used: live + cached,
-the figure --max-bytes limits. heap peak: bytes live through Tracking<System>
-above the mode's start. Sizes rounded up, written as --max-bytes takes them.
+first (pool blocks, OS requests, heap allocations of every thread, the batch
+producer's included). off-heap peak: pool bytes over the whole mode; live: held
+by tensors and workspaces; used: live + cached, the figure --max-bytes limits.
+heap peak: bytes live through Tracking<System> above the mode's start. Sizes
+rounded up, written as --max-bytes takes them.
 ";
 
 /// `"s"` unless `n` is 1.

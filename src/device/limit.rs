@@ -19,13 +19,21 @@ pub enum DeviceLimit {
     Unlimited,
     /// A number of bytes.
     Bytes(usize),
-    /// `scaled / denominator` percent of the device's memory (`12.5%` is 125 / 10).
+    /// `scaled / denominator` percent of the device's memory (`12.5%` is 125 / 10), at
+    /// most 100%; `scaled` 0 is no limit.
     Percent {
         /// The percentage times `denominator`.
         scaled: u64,
-        /// A power of ten.
+        /// Not zero; a power of ten when parsed (any other value prints with three
+        /// significant digits: 1 / 3 is `0.333%`).
         denominator: u64,
     },
+}
+
+/// The bytes of `scaled / denominator` percent of `device_memory` (`denominator` > 0).
+fn percent_of(device_memory: usize, scaled: u64, denominator: u64) -> u128 {
+    // Fits: both factors are below 2^64.
+    device_memory as u128 * u128::from(scaled) / (100 * u128::from(denominator))
 }
 
 fn invalid(value: &str, reason: &'static str) -> ConfigError {
@@ -106,35 +114,138 @@ impl DeviceLimit {
     }
 
     /// The limit in bytes for a device with `device_memory` bytes whose host pool allows
-    /// `max_bytes` (`None`: unlimited); `None` is no limit. A percentage of less than one
-    /// byte of the device is an error (0 means no limit; a tiny limit is not that).
+    /// `max_bytes` (`None`: unlimited); `None` is no limit (`Bytes(0)`, a percentage of
+    /// 0, and `isize::MAX` bytes are no limit too, as in the variable). An error, naming
+    /// `NDMEM_MAX_DEVICE_BYTES`, for what the variable would refuse: a percentage over a
+    /// denominator of 0, above 100%, or of less than one byte of the device (0 means no
+    /// limit; a tiny limit is not that), and more than `isize::MAX` bytes.
+    ///
+    /// ```
+    /// use ndmem::device::DeviceLimit;
+    /// assert_eq!(DeviceLimit::Bytes(0).resolve(1000, None).unwrap(), None);
+    /// let third = DeviceLimit::Percent { scaled: 1, denominator: 3 };
+    /// assert_eq!(third.resolve(3000, None).unwrap(), Some(10));
+    /// assert!(DeviceLimit::Percent { scaled: 1, denominator: 0 }.resolve(1000, None).is_err());
+    /// assert!(DeviceLimit::Percent { scaled: 101, denominator: 1 }.resolve(1000, None).is_err());
+    /// ```
     pub fn resolve(
         &self,
         device_memory: usize,
         max_bytes: Option<usize>,
     ) -> Result<Option<usize>, ConfigError> {
+        self.resolve_as(device_memory, max_bytes, None)
+    }
+
+    /// [`DeviceLimit::resolve`], with errors naming `setting` (where a limit given in
+    /// code was set, e.g. `SimConfig::limit`) and the value as written in code, or the
+    /// variable when `setting` is `None`.
+    pub(crate) fn resolve_as(
+        &self,
+        device_memory: usize,
+        max_bytes: Option<usize>,
+        setting: Option<&str>,
+    ) -> Result<Option<usize>, ConfigError> {
+        self.check(device_memory, setting)?;
         Ok(match *self {
             DeviceLimit::Default => {
                 let ninety = device_memory / 10 * 9 + device_memory % 10 * 9 / 10;
                 Some(max_bytes.map_or(ninety, |m| m.min(ninety)))
             }
-            DeviceLimit::Unlimited => None,
+            DeviceLimit::Unlimited
+            | DeviceLimit::Bytes(0)
+            | DeviceLimit::Percent { scaled: 0, .. } => None,
+            DeviceLimit::Bytes(bytes) if bytes >= isize::MAX as usize => None,
             DeviceLimit::Bytes(bytes) => Some(bytes),
             DeviceLimit::Percent {
                 scaled,
                 denominator,
-            } => {
-                let bytes = device_memory as u128 * scaled as u128 / (100 * denominator as u128);
-                if bytes == 0 {
-                    return Err(invalid(
-                        &self.to_string(),
-                        "the percentage is less than one byte of the device (0 means no limit)",
-                    ));
-                }
-                Some(bytes as usize)
-            }
+            } => Some(percent_of(device_memory, scaled, denominator) as usize),
         })
     }
+
+    /// Refuses what `NDMEM_MAX_DEVICE_BYTES` would refuse, for a device of
+    /// `device_memory` bytes; the error names `setting` (or the variable, when `None`).
+    /// Pure arithmetic: it never divides by zero and never panics.
+    pub(crate) fn check(
+        &self,
+        device_memory: usize,
+        setting: Option<&str>,
+    ) -> Result<(), ConfigError> {
+        let reason = match *self {
+            DeviceLimit::Bytes(bytes) if bytes > isize::MAX as usize => {
+                "it is more than isize::MAX bytes (DeviceLimit::Unlimited is no limit)"
+            }
+            DeviceLimit::Percent { denominator: 0, .. } => {
+                "the denominator of a percentage cannot be 0 (12.5% is 125 over 10)"
+            }
+            DeviceLimit::Percent {
+                scaled,
+                denominator,
+            } if u128::from(scaled) > 100 * u128::from(denominator) => {
+                "a percentage of the device's memory cannot exceed 100%"
+            }
+            DeviceLimit::Percent {
+                scaled,
+                denominator,
+            } if scaled != 0 && percent_of(device_memory, scaled, denominator) == 0 => {
+                "the percentage is less than one byte of the device (0 means no limit)"
+            }
+            _ => return Ok(()),
+        };
+        Err(match setting {
+            None => invalid(&self.to_string(), reason),
+            Some(setting) => ConfigError::Invalid {
+                variable: setting.into(),
+                message: format!(
+                    "DeviceLimit::{self:?} (of a device of {device_memory} bytes) is refused: {reason}"
+                ),
+            },
+        })
+    }
+}
+
+/// Writes `scaled / denominator` (`denominator` > 0, not a power of ten) with three
+/// significant digits, rounded half up, trailing zeros dropped: 1 / 3 is `0.333`.
+fn write_decimal(
+    f: &mut std::fmt::Formatter<'_>,
+    scaled: u64,
+    denominator: u64,
+) -> std::fmt::Result {
+    let d = u128::from(denominator);
+    let mut whole = u128::from(scaled) / d;
+    let rem = u128::from(scaled) % d;
+    if rem == 0 {
+        return write!(f, "{whole}");
+    }
+    let places = if whole > 0 {
+        3u32.saturating_sub(whole.ilog10() + 1)
+    } else {
+        // Zeros after the point before the first significant digit, then three digits.
+        let mut zeros = 0;
+        while rem * 10u128.pow(zeros + 1) < d {
+            zeros += 1;
+        }
+        zeros + 3
+    };
+    // Long division: every step stays below 10 * 2^64.
+    let (mut digits, mut r) = (0u128, rem);
+    for _ in 0..places {
+        r *= 10;
+        digits = digits * 10 + r / d;
+        r %= d;
+    }
+    if 2 * r >= d {
+        digits += 1;
+    }
+    if digits == 10u128.pow(places) {
+        whole += 1;
+        digits = 0;
+    }
+    if digits == 0 {
+        return write!(f, "{whole}");
+    }
+    let text = format!("{digits:0width$}", width = places as usize);
+    write!(f, "{whole}.{}", text.trim_end_matches('0'))
 }
 
 impl std::fmt::Display for DeviceLimit {
@@ -147,7 +258,15 @@ impl std::fmt::Display for DeviceLimit {
                 scaled,
                 denominator,
             } => {
-                let places = denominator.max(1).ilog10();
+                if denominator == 0 {
+                    // Refused by `resolve`; printed as given.
+                    return write!(f, "{scaled}/0%");
+                }
+                let places = denominator.ilog10();
+                if 10u64.pow(places) != denominator {
+                    write_decimal(f, scaled, denominator)?;
+                    return f.write_str("%");
+                }
                 let whole = scaled / denominator;
                 let fraction = scaled % denominator;
                 if places == 0 {
@@ -196,6 +315,38 @@ mod tests {
         assert_eq!(d.resolve(1000, Some(100)).unwrap(), Some(100));
         assert_eq!(d.resolve(1000, Some(5000)).unwrap(), Some(900));
         assert_eq!(d.resolve(1001, None).unwrap(), Some(900));
+    }
+
+    #[test]
+    fn extreme_percentages_print_and_resolve_without_panicking() {
+        let max = u64::MAX;
+        for (scaled, denominator, text) in [
+            (1, max, None),
+            (max, max - 1, Some("1%")),
+            (max, 1, Some("18446744073709551615%")),
+            (max, 3, None),
+            (199, 2, Some("99.5%")),
+            (1999, 2, Some("1000%")),
+            (0, 3, Some("0%")),
+        ] {
+            let limit = DeviceLimit::Percent {
+                scaled,
+                denominator,
+            };
+            let printed = limit.to_string();
+            if let Some(text) = text {
+                assert_eq!(printed, text, "{limit:?}");
+            }
+            let _ = limit.resolve(usize::MAX, None);
+        }
+        let tiny = DeviceLimit::Percent {
+            scaled: 1,
+            denominator: max,
+        };
+        assert!(
+            tiny.to_string().starts_with("0.0000000000000000000542"),
+            "{tiny}"
+        );
     }
 
     #[test]

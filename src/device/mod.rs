@@ -193,13 +193,16 @@ impl SimConfig {
     }
 
     /// The memory the simulated device has (what `memory_info` reports and the simulated
-    /// driver refuses to exceed).
+    /// driver refuses to exceed); 0 is refused by [`sim`] (a device with no memory).
     pub fn total_memory(mut self, bytes: usize) -> Self {
         self.total_memory = bytes;
         self
     }
 
-    /// The device's limit, instead of `NDMEM_MAX_DEVICE_BYTES`.
+    /// The device's limit, instead of `NDMEM_MAX_DEVICE_BYTES`, checked as the variable's
+    /// value is: `Bytes(0)` and 0% are no limit; a percentage over a denominator of 0,
+    /// above 100% or of less than one byte of the device, and more than `isize::MAX`
+    /// bytes, make [`sim`] return `Error::Config` naming `SimConfig::limit` and the value.
     pub fn limit(mut self, limit: DeviceLimit) -> Self {
         self.limit = Some(limit);
         self
@@ -214,17 +217,31 @@ impl SimConfig {
 
 /// A new simulated device (semantics §5): host memory behind the device API, counting
 /// every allocation, transfer and byte.
+///
+/// `Error::Config`, before anything is made, for a device with no memory
+/// (`total_memory(0)`) or a limit that `NDMEM_MAX_DEVICE_BYTES` would refuse
+/// ([`SimConfig::limit`]).
 pub fn sim(config: SimConfig) -> Result<Device> {
-    let limit = match config.limit {
-        Some(limit) => limit,
-        None => DeviceLimit::from_env()?,
+    if config.total_memory == 0 {
+        return Err(ndmem_alloc::ConfigError::Invalid {
+            variable: "SimConfig::total_memory".into(),
+            message: "0 bytes is a device with no memory, which could hold no buffer; give \
+                      it some (16 GiB unless set)"
+                .into(),
+        }
+        .into());
+    }
+    let (limit, setting) = match config.limit {
+        Some(limit) => (limit, Some("SimConfig::limit")),
+        None => (DeviceLimit::from_env()?, None),
     };
+    limit.check(config.total_memory, setting)?;
     let host = config.host.unwrap_or_else(MemorySource::global);
     Device::open(
         config.ordinal,
         Backend::Sim(sim::Sim::new(config.total_memory)),
         config.total_memory,
-        limit,
+        (limit, setting),
         host,
     )
 }
@@ -249,7 +266,7 @@ pub fn cuda(ordinal: u32) -> Result<Device> {
             ordinal,
             Backend::Cuda(backend),
             total,
-            limit,
+            (limit, None),
             MemorySource::global(),
         )?;
         opened.push(device.clone());
@@ -313,15 +330,17 @@ pub fn clear_current() -> Option<Device> {
 }
 
 impl Device {
+    /// Opens a device whose limit is `limit_given`, set by `setting` (`None`: the
+    /// variable), which its errors name.
     fn open(
         ordinal: u32,
         backend: Backend,
         total_memory: usize,
-        limit_given: DeviceLimit,
+        (limit_given, setting): (DeviceLimit, Option<&str>),
         host: MemorySource,
     ) -> Result<Device> {
         let max_bytes = host.pool().limits().0;
-        let limit = limit_given.resolve(total_memory, max_bytes)?;
+        let limit = limit_given.resolve_as(total_memory, max_bytes, setting)?;
         Ok(opened(Device {
             inner: Arc::new(Inner {
                 ordinal,

@@ -208,7 +208,8 @@ impl Inner {
     }
 
     /// Reserves and asks the driver; at the limit, flushes deferred frees, then empties
-    /// the cache, and tries once more.
+    /// the cache, and tries once more. Counts each relief (`alloc_retries`) and each
+    /// failure (`failed_allocations`), on this cold path only.
     fn allocate_new(&self, bytes: usize, capacity: usize) -> Result<u64> {
         let class = size_class(bytes).0;
         let mut retried = false;
@@ -222,16 +223,20 @@ impl Inner {
                     Err(e) => {
                         self.pool.budget.release(capacity);
                         if retried || self.trim() == 0 {
+                            bump(&self.counters.failed_allocations, 1);
                             return Err(e);
                         }
+                        bump(&self.counters.alloc_retries, 1);
                     }
                 },
                 Err(exhausted) => {
                     if retried {
+                        bump(&self.counters.failed_allocations, 1);
                         let error = AllocError::OutOfMemory {
                             kind: MemoryKind::Device(self.ordinal),
-                            requested: capacity,
-                            thread: thread_number(),
+                            // The bytes asked for, as the host pool says (not the class).
+                            requested: bytes,
+                            thread: os_thread_id(),
                             used: exhausted.used,
                             limit: exhausted.limit,
                             holders: self.counters.holders(),
@@ -242,6 +247,8 @@ impl Inner {
                         ndmem_alloc::trace::refused_device(self.ordinal, exhausted.used, &error);
                         return Err(error.into());
                     }
+                    // Relief, then one retry (counted even when relief itself serves it).
+                    bump(&self.counters.alloc_retries, 1);
                     // Flush this device's deferred frees. A thread pinned elsewhere holds
                     // them back only for the length of one operation: keep collecting
                     // while some are pending, for at most 100 ms.
@@ -328,17 +335,34 @@ fn class_bytes(index: usize) -> usize {
     (1usize << k) + sub * ((1usize << k) / 4)
 }
 
-/// A number for the calling thread, for error messages.
-fn thread_number() -> u64 {
-    let id = format!("{:?}", std::thread::current().id());
-    id.bytes().filter(u8::is_ascii_digit).fold(0u64, |n, d| {
-        n.wrapping_mul(10).wrapping_add(u64::from(d - b'0'))
-    })
+/// The OS id of the calling thread (what `top -H` shows), the `threadId` of the host
+/// pool's messages (semantics §1): on Linux the thread's entry of `/proc/thread-self`,
+/// the id `gettid` returns. 0 where the OS does not say (no `/proc`). Read on the cold
+/// path of a refusal only, and never cached (a forked child's thread has a new id).
+fn os_thread_id() -> u64 {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|link| link.file_name()?.to_str()?.parse().ok())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_thread_id_is_the_os_one() {
+        let here = os_thread_id();
+        assert_ne!(here, 0);
+        assert_eq!(here, os_thread_id());
+        // The main thread's id is the process id; every other thread's differs from it.
+        let main = u64::from(std::process::id());
+        let there = std::thread::spawn(os_thread_id).join().unwrap();
+        assert_ne!(there, 0);
+        assert_ne!(there, here);
+        assert_ne!(there, main);
+    }
 
     #[test]
     fn classes_are_quarter_powers_of_two() {

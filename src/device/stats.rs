@@ -38,6 +38,10 @@ pub(crate) struct Counters {
     pub(crate) fences_before_free: AtomicU64,
     pub(crate) kernel_launches: AtomicU64,
     pub(crate) graph_launches: AtomicU64,
+    /// Allocations the pool refused (cold path only).
+    pub(crate) failed_allocations: AtomicU64,
+    /// Allocations the pool retried after relieving pressure (cold path only).
+    pub(crate) alloc_retries: AtomicU64,
 }
 
 pub(crate) fn usage_index(usage: Usage) -> usize {
@@ -92,6 +96,8 @@ impl Counters {
             fences_before_free: get(&self.fences_before_free),
             kernel_launches: get(&self.kernel_launches),
             graph_launches: get(&self.graph_launches),
+            failed_allocations: get(&self.failed_allocations),
+            alloc_retries: get(&self.alloc_retries),
         }
     }
 }
@@ -149,6 +155,13 @@ pub struct DeviceStats {
     pub kernel_launches: u64,
     /// Graph replays ([`super::GraphMemory::launch`]).
     pub graph_launches: u64,
+    /// Allocations refused: at the device's limit, or by the driver (PyTorch's
+    /// `num_ooms`).
+    pub failed_allocations: u64,
+    /// Allocations retried after relieving pressure (deferred frees flushed, the cache
+    /// given back to the driver), whether the retry succeeded or not (PyTorch's
+    /// `num_alloc_retries`).
+    pub alloc_retries: u64,
 }
 
 impl DeviceStats {
@@ -175,6 +188,8 @@ impl DeviceStats {
             fences_before_free: self.fences_before_free - earlier.fences_before_free,
             kernel_launches: self.kernel_launches - earlier.kernel_launches,
             graph_launches: self.graph_launches - earlier.graph_launches,
+            failed_allocations: self.failed_allocations - earlier.failed_allocations,
+            alloc_retries: self.alloc_retries - earlier.alloc_retries,
             ..*self
         }
     }

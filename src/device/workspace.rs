@@ -119,7 +119,7 @@ impl DeviceWorkspace {
         let mut ws = DeviceWorkspace {
             device: device.clone(),
             name: name.into(),
-            sizing: Sizing::of(config),
+            sizing: config.sizing(),
             learning: config.policy_learning(),
             spill: config.policy_spill(),
             mirroring: config.policy_mirroring(),

@@ -61,6 +61,8 @@ pub(crate) struct WorkspaceSlot {
 pub(crate) struct PoolBlock {
     ptr: NonNull<u8>,
     len: usize,
+    /// The block's capacity (its size class): what the pool counts for it.
+    capacity: usize,
     source: MemorySource,
     /// The freed bit and the view count: who frees the block, and when.
     handoff: Handoff,
@@ -114,10 +116,20 @@ impl Home {
         Home::Pool(PoolBlock {
             ptr: block.ptr(),
             len,
+            capacity: block.capacity(),
             source,
             handoff: Handoff::new(),
             block: Mutex::new(Some(block)),
         })
+    }
+
+    /// Bytes the home holds of its pool or workspace: a pool block's capacity (what the
+    /// pool counts for it, semantics §1), else its length.
+    pub(crate) fn held_bytes(&self) -> usize {
+        match self {
+            Home::Pool(block) => block.capacity,
+            _ => self.len(),
+        }
     }
 
     /// Bytes of the home.

@@ -7,8 +7,9 @@
 //! tensors or scope handles; `crate::tensor` and `crate::scope` are built on them. A
 //! [`Handle`] is a tensor's reference to an `Owned`: the shared header and, beside it, the
 //! header's validity check, so the check never loads the header first; headers whose last
-//! reference drops are recycled through a per-thread list of spares, so a loop that makes
-//! as many tensors each step as it drops allocates none on the heap after its first step.
+//! reference drops are recycled through a per-thread list of spares (and a process-wide
+//! depot between threads), so a loop that makes as many tensors each step as it drops
+//! allocates none on the heap after its first steps, even when another thread makes them.
 //!
 //! Invariant: a pool-backed memory is owned by exactly one thing, its handles or one open
 //! owner, and that owner is recorded on both sides (the owner's list and the memory's
@@ -63,6 +64,9 @@ pub(crate) struct Owned {
     owner_refs: AtomicUsize,
     /// The owner; `None`: the handles own it. Always `None` for workspace memory.
     owner: Mutex<Option<Arc<Owner>>>,
+    /// The thread whose handle made this header ([`thread_token`]): a header dropped on
+    /// another thread goes back through the depot instead of that thread's spares.
+    maker: usize,
 }
 
 impl Owned {
@@ -72,6 +76,7 @@ impl Owned {
             home: Some(home),
             owner_refs: AtomicUsize::new(0),
             owner: Mutex::new(None),
+            maker: 0,
         }
     }
 
@@ -89,6 +94,11 @@ impl Owned {
     /// Bytes of the memory.
     pub(crate) fn len(&self) -> usize {
         self.home().len()
+    }
+
+    /// Bytes held of the pool (a block's capacity), as the pool counts them.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.home().held_bytes()
     }
 
     /// The validity check (semantics §3, §4): one atomic load, plus a thread-token compare
@@ -250,6 +260,85 @@ thread_local! {
     static SPARE: RefCell<Vec<Arc<Owned>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Spare headers passed between threads, at most [`DEPOT_HEADERS`]. A header dropped on a
+/// thread other than the one that made it goes here (its maker is likely to make more: a
+/// prefetching producer whose batches the training loop drops), and so does half of a
+/// thread's spares when they are full; a thread whose spares ran out takes up to
+/// [`DEPOT_MOVE`] from here before it allocates. So headers that cross threads come back
+/// to their maker instead of being freed on one side and allocated on the other. The lock
+/// is taken once per header that crossed threads and once per [`DEPOT_MOVE`] moved, never
+/// while a thread's own spares serve.
+static DEPOT: Mutex<Vec<Arc<Owned>>> = Mutex::new(Vec::new());
+/// Headers the depot keeps at most.
+const DEPOT_HEADERS: usize = 4 * SPARE_HEADERS;
+/// Headers moved to or from the depot at once.
+const DEPOT_MOVE: usize = SPARE_HEADERS / 2;
+
+/// A token of the calling thread, unique among live threads: the address of its spares.
+fn thread_token() -> usize {
+    SPARE.try_with(|s| s as *const _ as usize).unwrap_or(0)
+}
+
+/// The depot, with room for [`DEPOT_HEADERS`]; `None` if it has none yet and `reserve` is
+/// false, or the heap refuses the room (the depot's one allocation, made once). Only an
+/// allocating path reserves: a free path must never need the heap (semantics §6), nor
+/// take room a deferred free was promised.
+fn depot(reserve: bool) -> Option<MutexGuard<'static, Vec<Arc<Owned>>>> {
+    let mut depot = lock(&DEPOT);
+    if depot.capacity() == 0 && (!reserve || depot.try_reserve_exact(DEPOT_HEADERS).is_err()) {
+        return None;
+    }
+    Some(depot)
+}
+
+/// Makes the depot's room now (its one allocation), for a caller about to pass tensors
+/// between threads; nothing if the heap refuses it (the depot then tries again later).
+pub(crate) fn prepare_depot() {
+    drop(depot(true));
+}
+
+/// Refills this thread's empty spares from the depot; `false` if the depot had none.
+#[cold]
+#[inline(never)]
+fn take_from_depot(spare: &mut Vec<Arc<Owned>>) -> bool {
+    if spare.capacity() == 0 && spare.try_reserve_exact(SPARE_HEADERS).is_err() {
+        return false;
+    }
+    // An allocating path: the depot's room is made here (or by `prepare_depot`).
+    let Some(mut depot) = depot(true) else {
+        return false;
+    };
+    let keep = depot.len().saturating_sub(DEPOT_MOVE);
+    spare.extend(depot.drain(keep..));
+    !spare.is_empty()
+}
+
+/// Moves half of this thread's full spares to the depot, as many as it has room for.
+#[cold]
+#[inline(never)]
+fn give_to_depot(spare: &mut Vec<Arc<Owned>>) {
+    let Some(mut depot) = depot(false) else {
+        return;
+    };
+    let room = (DEPOT_HEADERS - depot.len()).min(DEPOT_MOVE);
+    let from = spare.len() - room.min(spare.len());
+    depot.extend(spare.drain(from..));
+}
+
+/// Puts a header another thread made into the depot; gives it back if there is no room.
+#[cold]
+#[inline(never)]
+fn return_to_depot(header: Arc<Owned>) -> Option<Arc<Owned>> {
+    let Some(mut depot) = depot(false) else {
+        return Some(header);
+    };
+    if depot.len() == DEPOT_HEADERS {
+        return Some(header);
+    }
+    depot.push(header);
+    None
+}
+
 /// A tensor handle's reference to its memory: the shared header ([`Owned`] in an `Arc`)
 /// and the header's validity check beside it ([`Probe`]), so checking a tensor loads the
 /// handle and then the checked word, never the header first.
@@ -279,8 +368,18 @@ unsafe impl Sync for Handle {}
 
 impl Handle {
     /// Shares `owned` behind a header, a spare one of this thread if there is one.
-    pub(crate) fn new(owned: Owned) -> Handle {
-        let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
+    pub(crate) fn new(mut owned: Owned) -> Handle {
+        owned.maker = thread_token();
+        let spare = SPARE
+            .try_with(|s| {
+                let mut spare = s.borrow_mut();
+                if spare.is_empty() && !take_from_depot(&mut spare) {
+                    return None;
+                }
+                spare.pop()
+            })
+            .ok()
+            .flatten();
         let owned = match spare {
             Some(mut header) => match Arc::get_mut(&mut header) {
                 Some(slot) => {
@@ -373,11 +472,22 @@ fn recycle(mut header: Arc<Owned>) {
         .get_mut()
         .unwrap_or_else(PoisonError::into_inner) = None;
     *owned.owner_refs.get_mut() = 0;
+    let header = if owned.maker == thread_token() {
+        header
+    } else {
+        match return_to_depot(header) {
+            Some(header) => header,
+            None => return,
+        }
+    };
     let _ = SPARE.try_with(move |s| {
         let mut spare = s.borrow_mut();
         // The list's one allocation may fail at a full heap: then the header is simply
         // freed, since a free path must never need the heap (semantics §6).
         let room = spare.capacity() > 0 || spare.try_reserve_exact(SPARE_HEADERS).is_ok();
+        if room && spare.len() == SPARE_HEADERS {
+            give_to_depot(&mut spare);
+        }
         if room && spare.len() < SPARE_HEADERS {
             spare.push(header);
         }
@@ -826,6 +936,9 @@ pub(crate) struct ScopeFigures {
     /// Live memories borrowed, and their bytes.
     pub(crate) borrowed: usize,
     pub(crate) borrowed_bytes: usize,
+    /// What the owned and borrowed memories hold of their pools: block capacities, as the
+    /// pools count them.
+    pub(crate) held_bytes: usize,
     pub(crate) capped: bool,
     pub(crate) closed: bool,
     /// Where the owner's new memory comes from.
@@ -854,7 +967,14 @@ impl Owner {
             tensors: inner.owned.iter().filter(live).count(),
             bytes: inner.owned.iter().filter(live).map(|h| h.0.len()).sum(),
             borrowed: borrowed.clone().count(),
-            borrowed_bytes: borrowed.map(|(h, _)| h.0.len()).sum(),
+            borrowed_bytes: borrowed.clone().map(|(h, _)| h.0.len()).sum(),
+            held_bytes: inner
+                .owned
+                .iter()
+                .filter(live)
+                .map(|h| h.0.held_bytes())
+                .chain(borrowed.map(|(h, _)| h.0.held_bytes()))
+                .sum(),
             capped: flags & CAPPED != 0,
             closed: flags & CLOSED != 0,
             source: self.source,

@@ -22,7 +22,7 @@
 //! | `num_ooms` | `failed_allocations` |
 //! | `ndmem.heap.*` | the heap's `current`, `peak`, `allocated`, `freed` bytes |
 //! | `ndmem.workspaces.buffer_bytes` / `.spilled_bytes` | sums over every workspace |
-//! | `ndmem.scopes.bytes` | bytes owned by every scope |
+//! | `ndmem.scopes.bytes` | bytes every scope's tensors hold of their pools, owned or borrowed (block capacities) |
 //! | `ndmem.reclaim.pending_bytes` | deferred frees waiting |
 //! | `ndmem.device.<sim\|cuda>:<n>.allocated_bytes.*` | a device's live bytes, peak, bytes ever handed out and given back |
 //! | `ndmem.device.<id>.reserved_bytes.{current,peak}` | its bytes held against its limit (live + cached) |
@@ -127,7 +127,7 @@ impl Snapshot {
         ));
         out.push((
             "ndmem.scopes.bytes".into(),
-            self.scopes.iter().map(|s| s.bytes as u64).sum(),
+            self.scopes.iter().map(|s| s.held_bytes as u64).sum(),
         ));
         out.push((
             "ndmem.reclaim.pending_bytes".into(),

@@ -198,6 +198,10 @@ pub struct ScopeSnapshot {
     pub borrowed: usize,
     /// Bytes of the borrowed tensors.
     pub borrowed_bytes: usize,
+    /// What its tensors, owned and borrowed, hold of their pools: the blocks' capacities
+    /// (the size classes), as the pools count them; what closing it would release, less
+    /// the borrowed tensors, which go back to their owners.
+    pub held_bytes: usize,
     /// Whether it is capped.
     pub capped: bool,
     /// Whether it is closed.
@@ -244,8 +248,8 @@ impl DeviceSnapshot {
                     allocated: 0,
                     freed: 0,
                 },
-                num_alloc_retries: 0,
-                num_ooms: 0,
+                num_alloc_retries: stats.alloc_retries,
+                num_ooms: stats.failed_allocations,
                 os_allocations: stats.driver_allocations,
                 os_frees: stats.driver_frees,
                 limit: stats.limit,
@@ -423,6 +427,7 @@ pub(crate) fn scopes_with_source() -> Vec<(ScopeSnapshot, MemorySource)> {
                 peak_bytes: *peak,
                 borrowed: f.borrowed,
                 borrowed_bytes: f.borrowed_bytes,
+                held_bytes: f.held_bytes,
                 capped: f.capped,
                 closed: f.closed,
             };

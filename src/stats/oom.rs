@@ -95,15 +95,27 @@ fn build(error: AllocError) -> OomReport {
     }
     let mut best_scope: Option<(String, usize, usize)> = None;
     for (s, _) in scopes.iter().filter(|(_, source)| of_pool(source)) {
-        if s.bytes > 0 {
-            if !s.closed && s.depth > 0 && s.bytes > best_scope.as_ref().map_or(0, |b| b.1) {
-                best_scope = Some((s.name.clone(), s.bytes, s.tensors));
+        // Held bytes (block capacities), as the pool in the header counts them.
+        if s.held_bytes > 0 {
+            if !s.closed && s.depth > 0 && s.held_bytes > best_scope.as_ref().map_or(0, |b| b.1) {
+                best_scope = Some((s.name.clone(), s.held_bytes, s.tensors));
             }
+            // A borrowed tensor is held here until this scope closes (then it goes back).
+            let detail = if s.borrowed > 0 {
+                format!(
+                    "{} tensors, {} borrowed ({})",
+                    s.tensors,
+                    s.borrowed,
+                    ByteSize(s.borrowed_bytes)
+                )
+            } else {
+                format!("{} tensors", s.tensors)
+            };
             holders.push(Holder {
                 kind: HolderKind::Scope,
                 name: format!("[{}]", s.name),
-                bytes: s.bytes,
-                detail: format!("{} tensors", s.tensors),
+                bytes: s.held_bytes,
+                detail,
             });
         }
     }

@@ -323,12 +323,15 @@ impl fmt::Display for Snapshot {
         }
         for d in &self.devices {
             limits.push_str(&format!(
-                "; [{}] {} (cached {}, driver calls {}/{}, transfers {}, pinned {})",
+                "; [{}] {} (cached {}, driver calls {}/{}, retries {}, OOMs {}, \
+                 transfers {}, pinned {})",
                 d.id,
                 limit(d.stats.limit),
                 ByteSize(d.stats.cached_bytes),
                 d.stats.driver_allocations,
                 d.stats.driver_frees,
+                d.counters.num_alloc_retries,
+                d.counters.num_ooms,
                 d.stats.transfers(),
                 ByteSize(d.stats.pinned_bytes)
             ));

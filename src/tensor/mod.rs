@@ -194,7 +194,10 @@ impl<T: std::fmt::Debug> std::fmt::Debug for TensorView<'_, T> {
 fn element_count(op: &str, shape: &[usize], elem_size: usize) -> Result<usize> {
     let too_large = || Error::Shape {
         op: op.into(),
-        message: format!("shape {shape:?} has more elements than fit in memory"),
+        message: format!(
+            "shape {shape:?} cannot describe memory: the product of its non-zero axis lengths \
+             times the element size ({elem_size} bytes) overflows isize"
+        ),
     };
     let nonzero = shape
         .iter()
@@ -219,7 +222,7 @@ fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Dims> {
             .checked_mul((*dim).max(1))
             .ok_or_else(|| Error::Shape {
                 op: op.into(),
-                message: format!("shape {shape:?} has more elements than fit in memory"),
+                message: format!("shape {shape:?} has strides that overflow usize"),
             })?;
     }
     Ok(strides)

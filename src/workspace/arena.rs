@@ -111,7 +111,7 @@ impl Arena {
             _ => None,
         };
         let circular = config.is_circular();
-        let sizing = Sizing::of(config);
+        let sizing = config.sizing();
         let arena = Arena {
             shared: Arc::new(Shared::new(id, circular, config.source())),
             settings: Settings {

@@ -186,9 +186,12 @@ mod tests {
 
     #[test]
     fn every_request_takes_its_size_rounded_and_the_cursor_stays_aligned() {
-        let mut bytes = vec![0u128; 32]; // 512 bytes, 16-aligned
+        /// 512 bytes aligned to 128, so the padding below does not depend on the address.
+        #[repr(C, align(128))]
+        struct Aligned([u8; 512]);
+        let mut bytes = Box::new(Aligned([0; 512]));
         let region = Region::new(16);
-        region.set_base(bytes.as_mut_ptr().cast());
+        region.set_base(bytes.0.as_mut_ptr());
         region.set_offset(0);
         region.set_end_offset(200); // rounded down to 192
         assert_eq!(region.end_offset(), 192);

@@ -12,6 +12,8 @@ use std::sync::OnceLock;
 
 use ndmem_alloc::ConfigError;
 
+use super::sizing::Sizing;
+pub use super::sizing::MAX_RING_SLOTS;
 use crate::error::Error;
 use crate::memory::MemorySource;
 
@@ -20,12 +22,6 @@ pub const ENV_WORKSPACES: &str = "NDMEM_WORKSPACES";
 
 /// The largest workspace alignment (one page).
 pub const MAX_ALIGNMENT: usize = 4096;
-
-/// The most slots a circular workspace's ring has (semantics §2.1, §2.4): a configuration
-/// asking for more is refused when it is built, and a ring that `min_size` would cut into
-/// more keeps this many (the rest of its buffer unused). The ring's per-slot bookkeeping is
-/// allocated fallibly, but a bound keeps it small.
-pub const MAX_RING_SLOTS: usize = 1024;
 
 /// How a learned or initial buffer size is turned into the buffer that is allocated.
 ///
@@ -281,21 +277,33 @@ impl WorkspaceConfig {
         }
     }
 
-    /// About the bytes of the buffer `initial_size` makes at creation (the whole ring, if
-    /// circular): `initial_size` overallocated once and clamped to `[min_size, max_size]`,
-    /// before rounding to the alignment; `None` when it makes none. (The exact figure is
-    /// the sizing rules', a layer above the configuration; this one tells a size no
-    /// buffer can have.)
-    fn first_buffer(&self) -> Option<f64> {
+    /// The size rules of this configuration.
+    pub(crate) fn sizing(&self) -> Sizing {
+        Sizing::new(
+            self.alignment(),
+            self.min_size(),
+            self.max_size(),
+            self.overallocation_factor(),
+        )
+    }
+
+    /// The bytes of the buffer `initial_size` makes at creation, as the arena sizes it
+    /// (the sizing rules, which saturate instead of overflowing): `initial_size`
+    /// overallocated once, clamped to `[min_size, max_size]` and rounded to the alignment;
+    /// for a circular workspace the whole ring (slots of `initial_size` rounded, times the
+    /// factor). `None` when it makes none. Needs a valid alignment and factor.
+    fn first_buffer(&self) -> Option<usize> {
         if self.initial_size == 0 {
             return None;
         }
-        let mut bytes = self.initial_size as f64 * self.overallocation_factor();
-        bytes = bytes.max(self.min_size as f64);
-        if self.max_size > 0 {
-            bytes = bytes.min(self.max_size as f64);
-        }
-        Some(bytes)
+        let sizing = self.sizing();
+        Some(if self.is_circular() {
+            sizing
+                .initial_ring(self.initial_size)
+                .map_or(0, |ring| ring.buffer)
+        } else {
+            sizing.learned(self.initial_size)
+        })
     }
 
     fn validate(&self) -> Result<(), Error> {
@@ -351,15 +359,27 @@ impl WorkspaceConfig {
                 ),
             );
         }
-        if let Some(buffer) = self.first_buffer().filter(|&b| b > MAX_BUFFER as f64) {
+        if let Some(buffer) = self.first_buffer().filter(|&b| b > MAX_BUFFER) {
+            // The sizing rules saturate at the largest aligned size.
+            let or_more = if buffer > usize::MAX - self.alignment {
+                " or more"
+            } else {
+                ""
+            };
             return invalid(
                 "initial_size",
                 format!(
-                    "initial_size {} gives a first buffer of about {buffer:.3e} bytes \
-                     (overallocated x{} and clamped), more than the {MAX_BUFFER} bytes \
-                     (isize::MAX) a buffer can have",
+                    "initial_size {} gives a first buffer of {buffer} bytes{or_more} \
+                     (overallocated x{}, clamped and rounded to the alignment {}{}), more than \
+                     the {MAX_BUFFER} bytes (isize::MAX) a buffer can have",
                     self.initial_size,
-                    self.overallocation_factor()
+                    self.overallocation_factor(),
+                    self.alignment,
+                    if self.is_circular() {
+                        "; the whole ring"
+                    } else {
+                        ""
+                    },
                 ),
             );
         }
@@ -573,8 +593,13 @@ impl DebugMode {
         match std::env::var(ENV_WORKSPACES) {
             Ok(value) => DebugMode::parse(Some(&value)),
             Err(std::env::VarError::NotPresent) => Ok(DebugMode::Normal),
-            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
+            Err(std::env::VarError::NotUnicode(value)) => Err(ConfigError::Invalid {
                 variable: ENV_WORKSPACES.to_string(),
+                message: format!(
+                    "{:?} is not a workspace debug mode: it is not valid UTF-8 (invalid bytes \
+                     shown as U+FFFD; expected e.g. spill_everything, bypass, or unset)",
+                    value.to_string_lossy()
+                ),
             }),
         }
     }

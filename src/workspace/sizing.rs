@@ -9,7 +9,11 @@
 
 #![forbid(unsafe_code)]
 
-use super::config::{WorkspaceConfig, MAX_RING_SLOTS};
+/// The most slots a circular workspace's ring has (semantics §2.1, §2.4): a configuration
+/// asking for more is refused when it is built, and a ring that `min_size` would cut into
+/// more keeps this many (the rest of its buffer unused). The ring's per-slot bookkeeping is
+/// allocated fallibly, but a bound keeps it small.
+pub const MAX_RING_SLOTS: usize = 1024;
 
 /// Margin on a circular workspace's first cycle when its slot size is learned (semantics §2.4).
 pub(crate) const CIRCULAR_SLOT_MARGIN: f64 = 1.3;
@@ -62,13 +66,14 @@ pub(crate) struct Sizing {
 }
 
 impl Sizing {
-    /// The rules of `config`.
-    pub(crate) fn of(config: &WorkspaceConfig) -> Sizing {
+    /// The rules of a configuration (see `WorkspaceConfig::sizing`): its alignment, its
+    /// `min_size` and `max_size` (0: unbounded), and its overallocation factor.
+    pub(crate) fn new(align: usize, min: usize, max: usize, factor: f64) -> Sizing {
         Sizing {
-            align: config.alignment(),
-            min: config.min_size(),
-            max: config.max_size(),
-            factor: config.overallocation_factor(),
+            align,
+            min,
+            max,
+            factor,
         }
     }
 
@@ -177,12 +182,11 @@ mod tests {
     use crate::{AllocationPolicy, WorkspaceConfig};
 
     fn sizing(limit: f64) -> Sizing {
-        Sizing::of(
-            &WorkspaceConfig::builder()
-                .overallocation_limit(limit)
-                .build()
-                .unwrap(),
-        )
+        WorkspaceConfig::builder()
+            .overallocation_limit(limit)
+            .build()
+            .unwrap()
+            .sizing()
     }
 
     #[test]
@@ -223,7 +227,7 @@ mod tests {
             .policy_allocation(AllocationPolicy::Strict)
             .build()
             .unwrap();
-        let s = Sizing::of(&config);
+        let s = config.sizing();
         assert_eq!(s.round(1), 16);
         assert_eq!(s.round(usize::MAX), usize::MAX - 15, "saturates, aligned");
         assert_eq!(s.clamp(1), 112, "min_size, rounded");
@@ -288,13 +292,12 @@ mod tests {
             })
         );
         assert_eq!(s.rebuilt_ring(10_000, current), None, "not larger: kept");
-        let capped = Sizing::of(
-            &WorkspaceConfig::builder()
-                .overallocation_limit(3.0)
-                .max_size(41_600)
-                .build()
-                .unwrap(),
-        );
+        let capped = WorkspaceConfig::builder()
+            .overallocation_limit(3.0)
+            .max_size(41_600)
+            .build()
+            .unwrap()
+            .sizing();
         assert_eq!(
             capped.rebuilt_ring(12_000, current),
             None,

@@ -206,3 +206,206 @@ fn garbage_in_the_variable_names_it() {
     let err = DeviceLimit::parse("150%").unwrap_err().to_string();
     assert!(err.contains("cannot exceed 100%"), "{err}");
 }
+
+/// A simulated device of 1 GiB with `limit`.
+fn limited(ordinal: u32, limit: DeviceLimit) -> ndmem::Result<device::Device> {
+    device::sim(SimConfig::new(ordinal).total_memory(1 << 30).limit(limit))
+}
+
+#[test]
+fn a_percentage_over_a_zero_denominator_is_a_config_error_not_a_panic() {
+    let bad = DeviceLimit::Percent {
+        scaled: 1,
+        denominator: 0,
+    };
+    let err = limited(0, bad).expect_err("a zero denominator");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("denominator: 0"), "names the value: {msg}");
+    assert!(msg.contains("SimConfig::limit"), "names the setting: {msg}");
+    // Neither printing nor resolving it panics.
+    assert!(!bad.to_string().is_empty());
+    assert!(bad.resolve(1 << 30, None).is_err());
+}
+
+#[test]
+fn zero_given_in_code_is_no_limit_as_in_the_variable() {
+    for zero in [
+        DeviceLimit::Bytes(0),
+        DeviceLimit::Percent {
+            scaled: 0,
+            denominator: 1,
+        },
+    ] {
+        let gpu = limited(0, zero).unwrap();
+        assert_eq!(gpu.limit(), None, "{zero:?}");
+        let _buffer = gpu.allocate(1 << 20).expect("no limit of ndmem's own");
+    }
+}
+
+#[test]
+fn a_percentage_above_100_given_in_code_is_refused() {
+    for (scaled, denominator) in [(101, 1), (1001, 10), (u64::MAX, 1)] {
+        let err = limited(
+            0,
+            DeviceLimit::Percent {
+                scaled,
+                denominator,
+            },
+        )
+        .expect_err("more than the device");
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        assert!(err.to_string().contains("cannot exceed 100%"), "{err}");
+    }
+}
+
+#[test]
+fn a_percentage_of_less_than_one_byte_given_in_code_is_refused() {
+    let tiny = DeviceLimit::Percent {
+        scaled: 1,
+        denominator: 1_000_000,
+    };
+    let err = device::sim(SimConfig::new(0).total_memory(1000).limit(tiny))
+        .expect_err("less than one byte");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("less than one byte"), "{msg}");
+    // Given in code, not in the variable: the message names the setting.
+    assert!(
+        msg.contains("SimConfig::limit") && !msg.contains("NDMEM_MAX_DEVICE_BYTES"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_byte_limit_beyond_isize_max_given_in_code_is_refused() {
+    let err = limited(0, DeviceLimit::Bytes(usize::MAX)).expect_err("overflows isize");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("isize::MAX"), "{err}");
+    // isize::MAX itself is no limit, as in the variable.
+    assert_eq!(
+        limited(0, DeviceLimit::Bytes(isize::MAX as usize))
+            .unwrap()
+            .limit(),
+        None
+    );
+}
+
+#[test]
+fn a_percentage_over_any_denominator_displays_with_decimals() {
+    let third = DeviceLimit::Percent {
+        scaled: 1,
+        denominator: 3,
+    };
+    assert_eq!(third.to_string(), "0.333%");
+    let gpu = limited(0, third).unwrap();
+    assert_eq!(gpu.limit(), Some((1usize << 30) / 300));
+    assert!(gpu.describe().ends_with("(0.333%)"), "{}", gpu.describe());
+    for (scaled, denominator, text) in [
+        (2, 3, "0.667%"),
+        (100, 3, "33.3%"),
+        (125, 10, "12.5%"),
+        (50, 1, "50%"),
+        (1, 7_000, "0.000143%"),
+    ] {
+        let limit = DeviceLimit::Percent {
+            scaled,
+            denominator,
+        };
+        assert_eq!(limit.to_string(), text, "{limit:?}");
+    }
+}
+
+#[test]
+fn a_simulated_device_without_memory_is_refused() {
+    for limit in [DeviceLimit::Unlimited, DeviceLimit::Default] {
+        let err = device::sim(SimConfig::new(0).total_memory(0).limit(limit))
+            .expect_err("a device with no memory");
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("SimConfig::total_memory") && msg.contains("no memory"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn refusals_and_retries_are_counted_in_the_stats_and_the_snapshot() {
+    const ORDINAL: u32 = 41;
+    let gpu = limited(ORDINAL, DeviceLimit::Bytes(1 << 20)).unwrap();
+    let start = gpu.stats();
+    assert_eq!((start.failed_allocations, start.alloc_retries), (0, 0));
+    // A retry after relief that succeeds: a freed 768 KiB buffer is flushed and trimmed
+    // to make room for a 1 MiB one.
+    drop(gpu.allocate(768 << 10).unwrap());
+    let big = gpu.allocate(900 << 10).unwrap();
+    let after_retry = gpu.stats();
+    assert_eq!(after_retry.alloc_retries, 1);
+    assert_eq!(after_retry.failed_allocations, 0);
+    // Two refusals, each after one retry.
+    assert!(gpu.allocate(4096).is_err());
+    assert!(gpu.allocate(4096).is_err());
+    let stats = gpu.stats();
+    assert_eq!(stats.failed_allocations, 2);
+    assert_eq!(stats.alloc_retries, 3);
+    let interval = stats.since(&after_retry);
+    assert_eq!(
+        (interval.failed_allocations, interval.alloc_retries),
+        (2, 2)
+    );
+    let snap = ndmem::stats::snapshot();
+    let d = snap
+        .devices
+        .iter()
+        .find(|d| d.id == format!("sim:{ORDINAL}"))
+        .expect("the device is in the snapshot");
+    assert_eq!(d.counters.num_ooms, 2);
+    assert_eq!(d.counters.num_alloc_retries, 3);
+    let summary = snap.to_string();
+    assert!(summary.contains("retries 3, OOMs 2, "), "{summary}");
+    drop(big);
+}
+
+#[test]
+fn a_refusal_names_the_bytes_asked_for_not_the_size_class() {
+    let gpu = limited(0, DeviceLimit::Bytes(400_000)).unwrap();
+    let err = gpu.allocate(400_000).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("Can't allocate [DEVICE 0] memory: 400000 bytes;"),
+        "{msg}"
+    );
+    match err.alloc_error() {
+        Some(&AllocError::OutOfMemory { requested, .. }) => assert_eq!(requested, 400_000),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The `threadId` of a refusal of `gpu` and of a host pool's, on the calling thread.
+fn refusal_threads(gpu: &device::Device) -> (u64, u64) {
+    use ndmem::alloc::{Limits, Pool};
+    let device = match gpu.allocate(2 << 20).unwrap_err().alloc_error() {
+        Some(&AllocError::OutOfMemory { thread, .. }) => thread,
+        other => panic!("{other:?}"),
+    };
+    let pool = Pool::new(Limits::builder().max_bytes(64 << 10).build());
+    let host = match pool.allocate(1 << 20, 8) {
+        Err(AllocError::OutOfMemory { thread, .. }) => thread,
+        other => panic!("{other:?}"),
+    };
+    (device, host)
+}
+
+#[test]
+fn a_refusal_names_the_os_thread_as_the_host_pool_does() {
+    let gpu = limited(0, DeviceLimit::Bytes(1 << 20)).unwrap();
+    let (device, host) = refusal_threads(&gpu);
+    assert_eq!(device, host, "the main test thread");
+    let other = gpu.clone();
+    let (device2, host2) = std::thread::spawn(move || refusal_threads(&other))
+        .join()
+        .unwrap();
+    assert_eq!(device2, host2, "a spawned thread");
+    assert_ne!(device, device2, "two threads, two ids");
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ndmem::alloc::{Limits, Pool};
-use ndmem::prefetch::{Prefetch, PrefetchBuilder};
+use ndmem::prefetch::{Prefetch, PrefetchBuilder, MAX_CAPACITY};
 use ndmem::{reclaim, shield, DType, Error, MemorySource, Tensor, WorkspaceConfig};
 
 /// A pool of this test's own.
@@ -122,6 +122,37 @@ fn a_rendezvous_queue_hands_every_batch_over_in_order() {
         .map(|(i, b)| verify(i as u64, &b.unwrap()))
         .sum();
     assert_eq!(elements, 20 * 64);
+}
+
+/// A capacity the producer's ring cannot hold is refused up front, naming the capacity and
+/// the largest allowed ([`MAX_CAPACITY`]), not a workspace setting the user never touched;
+/// the largest allowed works.
+#[test]
+fn a_capacity_past_the_largest_is_refused_naming_the_capacity() {
+    assert_eq!(MAX_CAPACITY, ndmem::workspace::MAX_RING_SLOTS - 2);
+    for capacity in [MAX_CAPACITY + 1, 5000, usize::MAX] {
+        let e = match Prefetch::new(capacity, 0..1u64, |i| make(i, 4)) {
+            Err(Error::Config(e)) => e.to_string(),
+            Err(other) => panic!("{capacity}: expected a configuration error, got {other}"),
+            Ok(_) => panic!("{capacity}: expected a configuration error, got an iterator"),
+        };
+        assert!(
+            e.contains(&format!("capacity {capacity}"))
+                && e.contains(&MAX_CAPACITY.to_string())
+                && !e.contains("overallocation_limit"),
+            "{e}"
+        );
+    }
+    let source = private();
+    let batches = builder("MAXCAP", MAX_CAPACITY, &source)
+        .spawn(0..3u64, |i| make(i, 64))
+        .unwrap();
+    assert_eq!(batches.capacity(), Some(MAX_CAPACITY));
+    let seen: Vec<usize> = batches
+        .enumerate()
+        .map(|(i, b)| verify(i as u64, &b.unwrap()))
+        .collect();
+    assert_eq!(seen, [64; 3]);
 }
 
 /// Pool allocations of `source` made while the consumer took batch `from` to the end.

@@ -211,6 +211,8 @@ fn scopes_report_bytes_counts_and_their_observed_peak() {
     assert_eq!((s.tensors, s.bytes), (scope.tensor_count(), scope.bytes()));
     assert_eq!((s.tensors, s.bytes), (1, 1024));
     assert_eq!((c.tensors, c.bytes, c.depth), (1, 100, s.depth + 1));
+    // 100 bytes hold a block of the 112-byte class: the bytes the pool counts.
+    assert_eq!((s.held_bytes, c.held_bytes), (1024, 112));
     assert_eq!(snap.scopes[0].name, "root");
     // The dump prints the same figures.
     let dump = scope.debug_dump();
@@ -235,6 +237,40 @@ fn scopes_report_bytes_counts_and_their_observed_peak() {
         .unwrap();
     assert_eq!(c.peak_bytes, 0, "reset to the bytes now");
     drop(b);
+}
+
+#[test]
+fn a_lent_tensor_counts_with_its_borrower_in_the_scope_figures() {
+    // Semantics §7: every tensor is held by exactly one scope in the figures; one lent by
+    // temp_attach is held by its borrower until it goes back.
+    let source = own_source(1 << 20);
+    let lender = Scope::new_base_in("lender", source);
+    let borrower = Scope::new_base_in("borrower", source);
+    let lent = lender.zeros(DType::U8, &[1000]).unwrap();
+    let _kept = lender.zeros(DType::U8, &[24]).unwrap();
+    borrower.temp_attach_all(&[&lent]).unwrap();
+    let snap = stats::snapshot_of(&[source]);
+    let find = |name: &str| snap.scopes.iter().find(|s| s.name == name).unwrap().clone();
+    let (l, b) = (find("lender"), find("borrower"));
+    assert_eq!((l.tensors, l.bytes, l.held_bytes), (1, 24, 64));
+    assert_eq!(
+        (b.borrowed, b.borrowed_bytes, b.held_bytes),
+        (1, 1000, 1024)
+    );
+    let key = snap
+        .pytorch_keys()
+        .into_iter()
+        .find(|(k, _)| k == "ndmem.scopes.bytes")
+        .unwrap()
+        .1;
+    let all: u64 = snap.scopes.iter().map(|s| s.held_bytes as u64).sum();
+    assert_eq!(key, all);
+    assert!(key >= 64 + 1024);
+    borrower.close().unwrap();
+    let back = stats::snapshot_of(&[source]);
+    let l = back.scopes.iter().find(|s| s.name == "lender").unwrap();
+    assert_eq!((l.tensors, l.held_bytes), (2, 64 + 1024), "given back");
+    drop(lent);
 }
 
 /// `(kind, space)` of this thread's events, in order.
@@ -532,7 +568,11 @@ fn an_oom_report_names_the_holders_and_the_knob() {
         .iter()
         .find(|h| h.kind == HolderKind::Scope && h.name == "[oom-scope]")
         .unwrap_or_else(|| panic!("{kinds:?}"));
-    assert_eq!(scope_holder.bytes, 100 << 10);
+    assert_eq!(
+        scope_holder.bytes,
+        112 << 10,
+        "100 KiB hold a block of 112 KiB"
+    );
     assert!(
         report.fragmentation_bytes >= ws_holder.bytes,
         "an idle buffer"
@@ -678,7 +718,8 @@ fn devices_join_the_snapshot_and_their_refusals_the_timeline() {
         device_events,
         [
             &(EventKind::Transfer, Space::Device, 1024),
-            &(EventKind::Oom, Space::Device, 1 << 20)
+            // The refusal carries the bytes asked for, not the block they would take.
+            &(EventKind::Oom, Space::Device, 900 << 10)
         ],
         "{mine:?}"
     );

@@ -286,6 +286,16 @@ fn log_softmax_matches_ndarray_and_stays_finite_where_softmax_underflows() {
 fn zero_size_shapes_with_huge_axes_are_shape_errors_not_panics() {
     let shape_err = |r: Result<Tensor, Error>| matches!(r, Err(Error::Shape { .. }));
     assert!(shape_err(Tensor::zeros(DType::F32, &[0, usize::MAX])));
+    // The message is true of a shape with no elements: what overflows is the product of
+    // the non-zero axis lengths (ndarray's rule), not the element count.
+    let message = Tensor::zeros(DType::F32, &[0, usize::MAX])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("non-zero axis lengths") && message.contains("isize"),
+        "{message}"
+    );
+    assert!(!message.contains("more elements than"), "{message}");
     assert!(shape_err(Tensor::zeros(DType::F64, &[usize::MAX, 0])));
     assert!(shape_err(Tensor::ones(DType::U8, &[0, 1 << 40, 1 << 40])));
     assert!(shape_err(Tensor::from_slice::<f32>(&[], &[1 << 62, 0, 4])));

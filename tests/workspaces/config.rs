@@ -8,6 +8,9 @@ use ndmem::{
     ResetPolicy, SpillPolicy, WorkspaceConfig,
 };
 
+use ndmem::workspace::{DebugMode, ENV_WORKSPACES};
+
+use crate::common::{child::Rerun, test_name};
 use crate::{config_error, layout, strict};
 
 #[test]
@@ -209,6 +212,70 @@ fn sizes_no_buffer_can_have_are_refused_at_build_not_at_first_use() {
         .initial_size(usize::MAX)
         .build()
         .is_err());
+}
+
+/// A first buffer past `isize::MAX` once rounded to the alignment (or a ring whose slots,
+/// overallocated, pass it) is refused by `build()` naming `initial_size`, not by the first
+/// `get_and_activate` with a layout error that names no setting.
+#[test]
+fn a_first_buffer_past_isize_max_after_rounding_is_refused_at_build() {
+    let max = isize::MAX as usize;
+    let cases = [
+        ("strict isize::MAX", strict().initial_size(max)),
+        (
+            "isize::MAX / 2 doubled",
+            WorkspaceConfig::builder()
+                .initial_size(max / 2)
+                .overallocation_limit(1.0),
+        ),
+        (
+            "ring of 2 slots of 2^62",
+            WorkspaceConfig::builder()
+                .initial_size(1 << 62)
+                .policy_reset(ResetPolicy::EndOfBuffer)
+                .overallocation_limit(1.0),
+        ),
+        (
+            "strict, rounded up to a page",
+            strict().initial_size(max - 100).alignment(4096),
+        ),
+    ];
+    for (case, builder) in cases {
+        let e = config_error(builder.build());
+        assert!(
+            e.contains("WorkspaceConfig::initial_size") && e.contains("isize::MAX"),
+            "{case}: {e}"
+        );
+    }
+    // The largest aligned power of two still builds.
+    assert!(strict().initial_size(1 << 62).build().is_ok());
+}
+
+/// A value of `NDMEM_WORKSPACES` that is not UTF-8 is named with the variable and its text
+/// (invalid bytes as U+FFFD), as the size variables are (semantics §2.5).
+#[test]
+fn a_debug_mode_that_is_not_utf8_names_the_variable_and_the_value() {
+    use std::os::unix::ffi::OsStrExt;
+    Rerun::test(test_name!(child_debug_mode_not_utf8))
+        .env(ENV_WORKSPACES, std::ffi::OsStr::from_bytes(b"bypass\xff"))
+        .passes();
+}
+
+#[test]
+#[ignore = "run by a_debug_mode_that_is_not_utf8_names_the_variable_and_the_value"]
+fn child_debug_mode_not_utf8() {
+    let message = DebugMode::from_env().unwrap_err().to_string();
+    assert!(
+        message.contains(ENV_WORKSPACES) && message.contains("\"bypass\u{fffd}\""),
+        "{message}"
+    );
+    assert!(message.contains("not valid UTF-8"), "{message}");
+    let cfg = strict().initial_size(1024).build().unwrap();
+    let e = match workspaces().get_and_activate(&cfg, "NOT_UTF8") {
+        Err(Error::Config(e)) => e.to_string(),
+        other => panic!("expected a configuration error, got {other:?}"),
+    };
+    assert_eq!(e, message);
 }
 
 #[test]

@@ -119,7 +119,9 @@ impl Pool {
     pub fn global() -> &'static Pool {
         GLOBAL.get_or_init(|| {
             let _ = crate::trace::init_from_env();
-            let (limits, error) = match Limits::from_env() {
+            // Only the pool's own variables: garbage in the heap's or the devices' is
+            // theirs to report, and must not make the host pool unusable.
+            let (limits, error) = match Limits::pool_from_env() {
                 Ok(limits) => (limits, None),
                 Err(e) => (Limits::builder().build(), Some(e)),
             };
