@@ -280,7 +280,12 @@ impl Arena {
             None => (0, 0),
             // Every slot holds memory a tensor still refers to: this cycle spills.
             Some(ring) if self.settings.circular => self.ring.start_cycle(ring).unwrap_or((0, 0)),
-            Some(buffer) => (0, buffer.len()),
+            // The pool's size class may round the buffer past `max_size`: a cycle bumps
+            // no further than `max_size` (semantics §2.1), the rest stays unused.
+            Some(buffer) => match self.settings.config.max_size() {
+                0 => (0, buffer.len()),
+                max => (0, buffer.len().min(max)),
+            },
         };
         cycles.start.set(start);
         self.region.set_offset(start);

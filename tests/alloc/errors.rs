@@ -11,13 +11,14 @@ fn bad_requests_are_errors_that_change_nothing() {
     drop(pool.allocate(4 * MIB, 64).unwrap());
     let before = stats_without_rss(&pool);
     assert_eq!(before.cached_bytes, 4 * MIB, "a block is cached");
-    let cases: [(usize, usize, &str); 6] = [
+    let cases: [(usize, usize, &str); 7] = [
         (0, 16, "zero-size"),
         (64, 0, "power of two"),
         (64, 3, "power of two"),
         (64, 8192, "above 4096"),
         (usize::MAX, 16, "overflows"),
-        (isize::MAX as usize, 4096, "overflows"),
+        (isize::MAX as usize, 4096, "more than any pool can hold"),
+        ((1 << 62) + 1, 16, "more than any pool can hold"),
     ];
     for (size, align, expected) in cases {
         let err = pool.allocate(size, align).unwrap_err();
@@ -30,6 +31,8 @@ fn bad_requests_are_errors_that_change_nothing() {
     }
     let err = pool.reserve(0, Usage::Other).unwrap_err();
     assert!(err.to_string().contains("zero"), "{err}");
+    let err = pool.reserve(isize::MAX as usize, Usage::Other).unwrap_err();
+    assert!(err.to_string().contains("more than any pool"), "{err}");
     // A limit below the live block is refused before the cache is touched.
     let err = pool.set_max_bytes(Some(512)).unwrap_err();
     assert!(matches!(err, AllocError::LimitBelowUse { .. }), "{err:?}");

@@ -262,7 +262,12 @@ impl Model {
         // buffer's bytes past its last multiple of the alignment serve no request.
         let start = self.used.next_multiple_of(align);
         let end = start + size.next_multiple_of(s.alignment);
-        if self.size > 0 && end <= self.size / s.alignment * s.alignment {
+        // A cycle bumps no further than max_size, whatever the size class made the buffer.
+        let usable = match s.max_size {
+            0 => self.size,
+            max => self.size.min(max),
+        };
+        if self.size > 0 && end <= usable / s.alignment * s.alignment {
             self.used = end;
             return Ok(true);
         }

@@ -324,3 +324,25 @@ fn zero_size_requests_get_an_aligned_dangling_pointer_and_overflow_is_an_error()
     }
     assert_eq!(g.stats().used, 0);
 }
+
+#[test]
+fn a_cycle_bumps_no_further_than_max_size_in_a_larger_size_class() {
+    // Semantics §2.1: 50,000 bytes learned take a block of a larger size class; the cycle
+    // still bumps at most max_size bytes and spills the rest.
+    let cfg = strict()
+        .min_size(50_000)
+        .max_size(50_000)
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    drop(ws.get_and_activate(&cfg, "MAX_CLASS").unwrap()); // learns min_size
+    let size = ws.workspace("MAX_CLASS").unwrap().size;
+    assert!(size > 50_000, "a larger size class: {size}");
+    let g = ws.get_and_activate(&cfg, "MAX_CLASS").unwrap();
+    g.alloc(layout(50_000)).unwrap();
+    assert_eq!(g.stats().spilled_bytes, 0, "max_size bytes bump");
+    g.alloc(layout(16)).unwrap();
+    assert_eq!(g.stats().spilled_bytes, 16, "past max_size: spilled");
+    drop(g);
+    ws.destroy("MAX_CLASS").unwrap();
+}

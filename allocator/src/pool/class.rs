@@ -151,16 +151,22 @@ fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
             "alignments above 4096 bytes (a page) are not supported",
         ));
     }
-    let rounded = size
-        .checked_next_multiple_of(align)
-        .filter(|r| *r <= isize::MAX as usize - MAX_ALIGN)
-        .ok_or_else(|| {
-            invalid(
-                size,
-                align,
-                "the size overflows when rounded to the alignment",
-            )
-        })?;
+    let rounded = size.checked_next_multiple_of(align).ok_or_else(|| {
+        invalid(
+            size,
+            align,
+            "the size overflows when rounded to the alignment",
+        )
+    })?;
+    if rounded > crate::counter::UNLIMITED {
+        // Past the largest budget there is (what an unlimited pool counts against), so no
+        // limit could ever let it through.
+        return Err(invalid(
+            size,
+            align,
+            "more than any pool can hold (4 EiB, the largest budget)",
+        ));
+    }
     match class_of(rounded) {
         Some(class) => Ok(Fit {
             capacity: class_size(class),

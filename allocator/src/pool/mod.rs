@@ -194,8 +194,12 @@ impl Pool {
         if bytes == 0 {
             return Err(invalid(0, 1, "a reservation of zero bytes counts nothing"));
         }
-        if bytes > isize::MAX as usize {
-            return Err(invalid(bytes, 1, "the size does not fit in isize"));
+        if bytes > crate::counter::UNLIMITED {
+            return Err(invalid(
+                bytes,
+                1,
+                "more than any pool can hold (4 EiB, the largest budget)",
+            ));
         }
         let core = &*self.core;
         core.check_config()?;
