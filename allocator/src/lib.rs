@@ -53,7 +53,8 @@ pub use limits::{
 };
 pub use physical::{page_size, physical_bytes, physical_ram};
 pub use pool::{
-    Block, FreedBlock, Pool, PoolStats, Reservation, Usage, MAX_ALIGN, SLOTS_PER_CLASS,
+    os_thread_id, Block, FreedBlock, Pool, PoolStats, Reservation, Usage, MAX_ALIGN,
+    SLOTS_PER_CLASS,
 };
 pub use slots::Slots;
 #[cfg(not(ndmem_loom))]

@@ -236,7 +236,7 @@ impl Inner {
                             kind: MemoryKind::Device(self.ordinal),
                             // The bytes asked for, as the host pool says (not the class).
                             requested: bytes,
-                            thread: os_thread_id(),
+                            thread: ndmem_alloc::os_thread_id(),
                             used: exhausted.used,
                             limit: exhausted.limit,
                             holders: self.counters.holders(),
@@ -335,17 +335,6 @@ fn class_bytes(index: usize) -> usize {
     (1usize << k) + sub * ((1usize << k) / 4)
 }
 
-/// The OS id of the calling thread (what `top -H` shows), the `threadId` of the host
-/// pool's messages (semantics §1): on Linux the thread's entry of `/proc/thread-self`,
-/// the id `gettid` returns. 0 where the OS does not say (no `/proc`). Read on the cold
-/// path of a refusal only, and never cached (a forked child's thread has a new id).
-fn os_thread_id() -> u64 {
-    std::fs::read_link("/proc/thread-self")
-        .ok()
-        .and_then(|link| link.file_name()?.to_str()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,12 +342,14 @@ mod tests {
     #[test]
     #[cfg(target_os = "linux")]
     fn the_thread_id_is_the_os_one() {
-        let here = os_thread_id();
+        let here = ndmem_alloc::os_thread_id();
         assert_ne!(here, 0);
-        assert_eq!(here, os_thread_id());
+        assert_eq!(here, ndmem_alloc::os_thread_id());
         // The main thread's id is the process id; every other thread's differs from it.
         let main = u64::from(std::process::id());
-        let there = std::thread::spawn(os_thread_id).join().unwrap();
+        let there = std::thread::spawn(ndmem_alloc::os_thread_id)
+            .join()
+            .unwrap();
         assert_ne!(there, 0);
         assert_ne!(there, here);
         assert_ne!(there, main);

@@ -329,11 +329,7 @@ fn zero_size_requests_get_an_aligned_dangling_pointer_and_overflow_is_an_error()
 fn a_cycle_bumps_no_further_than_max_size_in_a_larger_size_class() {
     // Semantics §2.1: 50,000 bytes learned take a block of a larger size class; the cycle
     // still bumps at most max_size bytes and spills the rest.
-    let cfg = strict()
-        .min_size(50_000)
-        .max_size(50_000)
-        .build()
-        .unwrap();
+    let cfg = strict().min_size(50_000).max_size(50_000).build().unwrap();
     let ws = workspaces();
     drop(ws.get_and_activate(&cfg, "MAX_CLASS").unwrap()); // learns min_size
     let size = ws.workspace("MAX_CLASS").unwrap().size;
