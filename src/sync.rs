@@ -14,3 +14,11 @@ pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Atom
 
 #[allow(unused_imports)]
 pub(crate) use std::sync::atomic::Ordering;
+
+#[cfg(not(ndmem_loom))]
+#[allow(unused_imports)]
+pub(crate) use std::sync::Arc;
+
+#[cfg(ndmem_loom)]
+#[allow(unused_imports)]
+pub(crate) use loom::sync::Arc;

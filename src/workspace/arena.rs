@@ -147,7 +147,7 @@ impl Arena {
             } else {
                 arena
                     .allocate_buffer(sizing.learned(config.initial_size()))
-                    .map(|buffer| arena.install(buffer))
+                    .map(|buffer| arena.install(Arc::new(buffer)))
             };
             if let Err(error) = built {
                 // Never created after all: give its slot of the thread's table back.
@@ -208,9 +208,9 @@ impl Arena {
         )
     }
 
-    fn install(&self, buffer: Buffer) {
+    fn install(&self, buffer: Arc<Buffer>) {
         self.region.set_base(buffer.base().as_ptr());
-        *self.buffer.borrow_mut() = Some(Arc::new(buffer));
+        *self.buffer.borrow_mut() = Some(buffer);
     }
 
     /// Bytes of the buffer (0: none).
@@ -221,9 +221,9 @@ impl Arena {
     /// Allocates a ring of `shape` and starts at its slot 0. Stamps of earlier cycles keep
     /// an old ring alive while they need it.
     fn build_ring(&self, shape: RingShape) -> Result<(), Error> {
-        let fresh = self.allocate_buffer(shape.buffer)?;
-        self.install(fresh.into_ring(shape.slots)?);
-        self.ring.reset(shape);
+        let fresh = Arc::new(self.allocate_buffer(shape.buffer)?);
+        self.ring.reset(shape, &fresh)?;
+        self.install(fresh);
         self.cycles.start.set(0);
         Ok(())
     }
@@ -236,7 +236,7 @@ impl Arena {
             return;
         }
         if let Ok(fresh) = self.allocate_buffer(bytes) {
-            self.install(fresh);
+            self.install(Arc::new(fresh));
         }
     }
 
@@ -279,7 +279,7 @@ impl Arena {
         let (start, end) = match self.buffer.borrow().as_ref() {
             None => (0, 0),
             // Every slot holds memory a tensor still refers to: this cycle spills.
-            Some(ring) if self.settings.circular => self.ring.start_cycle(ring).unwrap_or((0, 0)),
+            Some(_) if self.settings.circular => self.ring.start_cycle().unwrap_or((0, 0)),
             // The pool's size class may round the buffer past `max_size`: a cycle bumps
             // no further than `max_size` (semantics §2.1), the rest stays unused.
             Some(buffer) => match self.settings.config.max_size() {

@@ -19,22 +19,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapMut, MmapOptions};
-use ndmem_alloc::{page_size, AllocError, Block, MemoryKind, Reservation, Usage};
+use ndmem_alloc::{page_size, AllocError, Block, Reservation, Usage};
 
 use super::config::LocationPolicy;
-use super::slots::SlotCounts;
 use crate::error::Error;
 use crate::memory::MemorySource;
-
-/// `errno` for a heap that cannot hold a ring's bookkeeping.
-const ENOMEM: i32 = 12;
 
 /// Memory a workspace owns: its buffer, or (circular workspaces) one spill.
 pub(crate) struct Buffer {
     base: NonNull<u8>,
     len: usize,
-    /// For a ring: live references per slot (empty otherwise).
-    slots: SlotCounts,
     _owner: Owner,
 }
 
@@ -82,20 +76,8 @@ impl Buffer {
         Buffer {
             base: block.ptr(),
             len: block.capacity(),
-            slots: SlotCounts::new(0),
             _owner: Owner::Pool(block),
         }
-    }
-
-    /// The buffer as a ring of `slots` slots, none referenced; an error if the heap cannot
-    /// hold the slots' counts.
-    pub(crate) fn into_ring(mut self, slots: usize) -> Result<Buffer, Error> {
-        self.slots = SlotCounts::try_new(slots).ok_or(AllocError::Os {
-            kind: MemoryKind::Host,
-            requested: slots.saturating_mul(std::mem::size_of::<usize>()),
-            errno: ENOMEM,
-        })?;
-        Ok(self)
     }
 
     /// The first byte.
@@ -107,11 +89,6 @@ impl Buffer {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
-
-    /// The ring's slot reference counts (empty if the buffer is not a ring).
-    pub(crate) fn slots(&self) -> &SlotCounts {
-        &self.slots
-    }
 }
 
 impl fmt::Debug for Buffer {
@@ -119,7 +96,6 @@ impl fmt::Debug for Buffer {
         f.debug_struct("Buffer")
             .field("base", &self.base)
             .field("len", &self.len)
-            .field("slots", &self.slots)
             .field("mapped", &matches!(self._owner, Owner::Mapped(_)))
             .finish()
     }
@@ -185,7 +161,6 @@ fn map_file(
     Ok(Buffer {
         base,
         len,
-        slots: SlotCounts::new(0),
         _owner: Owner::Mapped(MappedFile {
             _map: map,
             _claim: claim,

@@ -13,14 +13,15 @@
 //! of another thread (circular workspaces: only destroyed).
 //!
 //! Modules, each using only those listed before it (in parentheses: which):
-//! - `slots`, `state`: the atomics shared across threads (ring slot counts, the stamp's
-//!   state word), on `crate::sync` alone so that loom can model them;
-//! - `config`: policies and their validation, the memory source; `stats`: the figures;
-//! - `sizing` (config): size arithmetic and ring geometry, pure, `unsafe` forbidden;
+//! - `slots`, `state`: what is shared across threads (the ring slots' references, the
+//!   stamp's state word), on `crate::sync` alone so that loom can model them;
+//! - `sizing`: size arithmetic and ring geometry, pure, `unsafe` forbidden;
+//! - `config` (sizing): policies and their validation, the memory source; `stats`: the
+//!   figures;
 //! - `stamp` (state): validity tokens;
-//! - `buffer` (config, slots): the buffer, a pool block or a mapped file;
+//! - `buffer` (config): the buffer, a pool block or a mapped file;
 //! - `bump` (sizing): the running cycle's region; `spill` (buffer, sizing, stamp);
-//!   `ring` (buffer, sizing, stamp);
+//!   `ring` (buffer, sizing, slots, stamp);
 //! - `arena` (all of the above): one workspace's cycles;
 //! - `manager` (arena, config, stamp, stats): per-thread state and guards;
 //! - `alloc_api` (arena, manager): `&WorkspaceGuard` as an allocator-api2 allocator.

@@ -3,37 +3,33 @@
 //! spilled is rebuilt.
 //!
 //! Invariant: cycle `n` bumps only inside its own slot `[k x slot_bytes, (k + 1) x
-//! slot_bytes)`, and a cycle starts only in a slot whose reference count is 0, looking from
-//! the slot after the last one used, so a cycle's memory is overwritten only after the
-//! ring came round and every stamp of it is gone. With every slot referenced, the cycle
-//! gets no slot (it spills).
+//! slot_bytes)`, and a cycle starts only in a slot that nothing but the ring refers to,
+//! looking from the slot after the last one used, so a cycle's memory is overwritten only
+//! after the ring came round and every stamp of it is gone. With every slot referenced,
+//! the cycle gets no slot (it spills).
+//! The references are one `Arc` per slot ([`SlotRefs`]), made with the ring, so a cycle
+//! allocates nothing.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
+use ndmem_alloc::{AllocError, MemoryKind};
+
 use super::buffer::Buffer;
 use super::sizing::{RingShape, PINNED_CYCLES};
+use super::slots::SlotRefs;
 use super::stamp::KeepAlive;
+use crate::error::Error;
 
-/// A counted reference to one slot of a ring, held (through an `Arc`) by the stamps of the
-/// memory bumped there, so the bytes stay as written while any thread can reach them.
+/// `errno` for a heap that cannot hold a ring's references.
+const ENOMEM: i32 = 12;
+
+/// One slot of a ring, referred to (through an `Arc`) by the ring and by the stamps of
+/// the memory bumped there, which so keep the ring's buffer alive and the slot's bytes as
+/// written while any thread can reach them.
 #[derive(Debug)]
 pub(crate) struct SlotRef {
-    ring: Arc<Buffer>,
-    slot: usize,
-}
-
-impl SlotRef {
-    fn new(ring: Arc<Buffer>, slot: usize) -> SlotRef {
-        ring.slots().hold(slot);
-        SlotRef { ring, slot }
-    }
-}
-
-impl Drop for SlotRef {
-    fn drop(&mut self) {
-        self.ring.slots().release(self.slot);
-    }
+    _ring: Arc<Buffer>,
 }
 
 /// The ring's shape and the running cycle's place in it.
@@ -42,7 +38,9 @@ pub(crate) struct Ring {
     shape: Cell<Option<RingShape>>,
     /// The slot of the running or last cycle.
     slot: Cell<usize>,
-    /// The reference to this cycle's slot that its stamps share (one per cycle, so a bump
+    /// The ring's reference to each of its slots.
+    refs: RefCell<SlotRefs<SlotRef>>,
+    /// This cycle's clone of its slot's reference, which its stamps clone in turn (a bump
     /// costs an `Arc` clone, not an allocation).
     slot_ref: RefCell<Option<Arc<SlotRef>>>,
     /// The generation at whose end a ring that spilled is rebuilt.
@@ -55,6 +53,7 @@ impl Ring {
         Ring {
             shape: Cell::new(None),
             slot: Cell::new(0),
+            refs: RefCell::new(SlotRefs::empty()),
             slot_ref: RefCell::new(None),
             rebuild_at: Cell::new(None),
         }
@@ -65,19 +64,35 @@ impl Ring {
         self.shape.get()
     }
 
-    /// A new ring of `shape` is in place: the next cycle starts at slot 0.
-    pub(crate) fn reset(&self, shape: RingShape) {
+    /// A new ring of `shape` in `buffer`: makes its slots' references (an error, changing
+    /// nothing, if the heap cannot hold them); the next cycle starts at slot 0.
+    pub(crate) fn reset(&self, shape: RingShape, buffer: &Arc<Buffer>) -> Result<(), Error> {
+        let refs = SlotRefs::try_new(shape.slots, |_| SlotRef {
+            _ring: Arc::clone(buffer),
+        })
+        .ok_or(AllocError::Os {
+            kind: MemoryKind::Host,
+            requested: shape
+                .slots
+                .saturating_mul(std::mem::size_of::<Arc<SlotRef>>()),
+            errno: ENOMEM,
+        })?;
+        // The old ring's references go; stamps that still hold theirs keep it alive.
+        *self.refs.borrow_mut() = refs;
         self.shape.set(Some(shape));
         self.slot.set(0);
+        Ok(())
     }
 
-    /// Starts a cycle in `buffer` (the ring): the `[start, end)` offsets of the first slot,
-    /// from the current one, that nothing refers to, or `None` if every slot is referenced.
-    pub(crate) fn start_cycle(&self, buffer: &Arc<Buffer>) -> Option<(usize, usize)> {
+    /// Starts a cycle in the ring: the `[start, end)` offsets of the first slot, from the
+    /// current one, that nothing but the ring refers to, or `None` if every slot is
+    /// referenced.
+    pub(crate) fn start_cycle(&self) -> Option<(usize, usize)> {
         let shape = self.shape.get()?;
-        let slot = buffer.slots().first_free(self.slot.get())?;
+        let mut refs = self.refs.borrow_mut();
+        let slot = refs.first_free(self.slot.get())?;
         self.slot.set(slot);
-        *self.slot_ref.borrow_mut() = Some(Arc::new(SlotRef::new(Arc::clone(buffer), slot)));
+        *self.slot_ref.borrow_mut() = Some(refs.hold(slot));
         let start = shape.start(slot);
         Some((start, start + shape.slot_bytes))
     }
