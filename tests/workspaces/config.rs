@@ -254,6 +254,10 @@ fn a_first_buffer_past_isize_max_after_rounding_is_refused_at_build() {
 /// A value of `NDMEM_WORKSPACES` that is not UTF-8 is named with the variable and its text
 /// (invalid bytes as U+FFFD), as the size variables are (semantics §2.5).
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "runs the test binary again as a child process, which Miri's isolation refuses"
+)]
 fn a_debug_mode_that_is_not_utf8_names_the_variable_and_the_value() {
     use std::os::unix::ffi::OsStrExt;
     Rerun::test(test_name!(child_debug_mode_not_utf8))
