@@ -64,8 +64,9 @@ pub(crate) struct Owned {
     owner_refs: AtomicUsize,
     /// The owner; `None`: the handles own it. Always `None` for workspace memory.
     owner: Mutex<Option<Arc<Owner>>>,
-    /// The thread whose handle made this header ([`thread_token`]): a header dropped on
-    /// another thread goes back through the depot instead of that thread's spares.
+    /// The thread whose handle made this header ([`token_of`] its spares): a header
+    /// dropped on another thread goes back through the depot instead of that thread's
+    /// spares.
     maker: usize,
 }
 
@@ -274,9 +275,9 @@ const DEPOT_HEADERS: usize = 4 * SPARE_HEADERS;
 /// Headers moved to or from the depot at once.
 const DEPOT_MOVE: usize = SPARE_HEADERS / 2;
 
-/// A token of the calling thread, unique among live threads: the address of its spares.
-fn thread_token() -> usize {
-    SPARE.try_with(|s| s as *const _ as usize).unwrap_or(0)
+/// A token of the thread whose spares these are, unique among live threads: their address.
+fn token_of(spare: &RefCell<Vec<Arc<Owned>>>) -> usize {
+    spare as *const _ as usize
 }
 
 /// The depot, with room for [`DEPOT_HEADERS`]; `None` if it has none yet and `reserve` is
@@ -369,17 +370,17 @@ unsafe impl Sync for Handle {}
 impl Handle {
     /// Shares `owned` behind a header, a spare one of this thread if there is one.
     pub(crate) fn new(mut owned: Owned) -> Handle {
-        owned.maker = thread_token();
-        let spare = SPARE
+        // One thread-local access: the maker's token and a spare header, if any.
+        let (maker, spare) = SPARE
             .try_with(|s| {
                 let mut spare = s.borrow_mut();
                 if spare.is_empty() && !take_from_depot(&mut spare) {
-                    return None;
+                    return (token_of(s), None);
                 }
-                spare.pop()
+                (token_of(s), spare.pop())
             })
-            .ok()
-            .flatten();
+            .unwrap_or((0, None));
+        owned.maker = maker;
         let owned = match spare {
             Some(mut header) => match Arc::get_mut(&mut header) {
                 Some(slot) => {
@@ -472,15 +473,17 @@ fn recycle(mut header: Arc<Owned>) {
         .get_mut()
         .unwrap_or_else(PoisonError::into_inner) = None;
     *owned.owner_refs.get_mut() = 0;
-    let header = if owned.maker == thread_token() {
-        header
-    } else {
-        match return_to_depot(header) {
-            Some(header) => header,
-            None => return,
-        }
-    };
+    let maker = owned.maker;
     let _ = SPARE.try_with(move |s| {
+        // Another thread's header goes back to it through the depot, if there is room.
+        let header = if maker == token_of(s) {
+            header
+        } else {
+            match return_to_depot(header) {
+                Some(header) => header,
+                None => return,
+            }
+        };
         let mut spare = s.borrow_mut();
         // The list's one allocation may fail at a full heap: then the header is simply
         // freed, since a free path must never need the heap (semantics §6).

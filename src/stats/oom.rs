@@ -18,7 +18,7 @@ use ndmem_alloc::{
 use super::{scopes_with_source, trace, ScopeSnapshot};
 use crate::error::{Error, Holder, HolderKind, OomReport};
 use crate::memory::MemorySource;
-use crate::workspace::{all_workspaces_with_source, WorkspaceStats};
+use crate::workspace::{all_workspaces_with_source, WorkspaceEntry};
 
 impl OomReport {
     /// The report for `error` as things stand now; the holders are those of the pool
@@ -63,16 +63,15 @@ fn build(error: AllocError) -> OomReport {
     // Holders of the refusing pool only (a private pool no workspace or scope draws on
     // has none), unless no pool refused on this thread.
     let of_pool = |source: &MemorySource| refused.map_or(true, |id| source.pool().id() == id);
-    let me = format!("{:?}", std::thread::current().id());
     let mut holders = Vec::new();
     let mut idle_buffers = 0;
     let mut best_idle: Option<(String, usize)> = None;
-    for (thread, w, _) in workspaces.iter().filter(|(_, _, s)| of_pool(s)) {
+    for entry in workspaces.iter().filter(|w| of_pool(&w.source)) {
+        let (thread, w) = (&entry.thread, &entry.stats);
         let held = w.size + w.spilled_bytes + w.pinned_bytes;
         // Another thread's running cycle publishes its bump offset only at its end: its
         // buffer counts as in use, not as idle.
-        let mine = *thread == me || thread.ends_with(&format!("({me})"));
-        if !w.open || mine {
+        if !w.open || entry.mine {
             idle_buffers += w.size.saturating_sub(w.used);
         }
         if !w.open && held > best_idle.as_ref().map_or(0, |b| b.1) {
@@ -214,7 +213,7 @@ fn device_report(ordinal: u32, by_use: ndmem_alloc::Holders, error: AllocError) 
 /// workspaces and scopes.
 fn refusing_pool(
     error: &AllocError,
-    workspaces: &[(String, WorkspaceStats, MemorySource)],
+    workspaces: &[WorkspaceEntry],
     scopes: &[(ScopeSnapshot, MemorySource)],
 ) -> (Option<usize>, Option<&'static Pool>) {
     if let AllocError::OutOfMemory { variable, .. } = error {
@@ -235,7 +234,7 @@ fn refusing_pool(
         .collect();
     let pool = registered
         .into_iter()
-        .chain(workspaces.iter().map(|(_, _, s)| *s))
+        .chain(workspaces.iter().map(|w| w.source))
         .chain(scopes.iter().map(|(_, s)| *s))
         .map(|s| s.pool())
         .find(|p| p.id() == address);

@@ -92,11 +92,15 @@ impl Region {
         (bytes + (self.align - 1)) & !(self.align - 1)
     }
 
+    /// [`Region::round`] for any `bytes`, saturating at the largest aligned value.
+    fn round_saturating(&self, bytes: usize) -> usize {
+        bytes.saturating_add(self.align - 1) & !(self.align - 1)
+    }
+
     /// The bytes a request of `size` aligned to `align` would take here: the padding to
     /// `align`, then `size` rounded up to the alignment (saturating).
     pub(crate) fn footprint(&self, size: usize, align: usize) -> usize {
-        padding(self.cursor.get() as usize, align)
-            .saturating_add(size.saturating_add(self.align - 1) & !(self.align - 1))
+        padding(self.cursor.get() as usize, align).saturating_add(self.round_saturating(size))
     }
 
     /// Whether the workspace has a buffer.
@@ -118,7 +122,7 @@ impl Region {
 
     /// Moves the next free byte to `offset` (rounded up to the alignment).
     pub(crate) fn set_offset(&self, offset: usize) {
-        let offset = offset.saturating_add(self.align - 1) & !(self.align - 1);
+        let offset = self.round_saturating(offset);
         self.cursor.set(self.base.get().wrapping_add(offset));
     }
 
@@ -150,8 +154,7 @@ impl Region {
         let at = (ptr.as_ptr() as usize).wrapping_sub(self.base.get() as usize);
         let rounded_end = at
             .checked_add(old)
-            .and_then(|end| end.checked_add(self.align - 1))
-            .map(|end| end & !(self.align - 1));
+            .and_then(|end| end.checked_next_multiple_of(self.align));
         if rounded_end != Some(self.offset()) {
             return false;
         }

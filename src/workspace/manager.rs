@@ -129,12 +129,24 @@ fn lock_registry() -> std::sync::MutexGuard<'static, Vec<Arc<Published>>> {
 pub fn all_workspaces() -> Vec<(String, WorkspaceStats)> {
     all_workspaces_with_source()
         .into_iter()
-        .map(|(thread, stats, _)| (thread, stats))
+        .map(|w| (w.thread, w.stats))
         .collect()
 }
 
-/// [`all_workspaces`] with each workspace's memory source.
-pub(crate) fn all_workspaces_with_source() -> Vec<(String, WorkspaceStats, MemorySource)> {
+/// One entry of [`all_workspaces_with_source`].
+pub(crate) struct WorkspaceEntry {
+    /// The owning thread, as `name (ThreadId(n))`.
+    pub(crate) thread: String,
+    pub(crate) stats: WorkspaceStats,
+    pub(crate) source: MemorySource,
+    /// Whether the calling thread owns it (its figures are exact; another thread's running
+    /// cycle shows `used` as of its start).
+    pub(crate) mine: bool,
+}
+
+/// [`all_workspaces`] with each workspace's memory source and whether it is the calling
+/// thread's.
+pub(crate) fn all_workspaces_with_source() -> Vec<WorkspaceEntry> {
     let _ = MANAGER.try_with(|m| {
         if let Ok(list) = m.workspaces.try_borrow() {
             for arena in list.iter() {
@@ -144,7 +156,12 @@ pub(crate) fn all_workspaces_with_source() -> Vec<(String, WorkspaceStats, Memor
     });
     lock_registry()
         .iter()
-        .map(|p| (p.thread().to_string(), p.load(), p.source()))
+        .map(|p| WorkspaceEntry {
+            thread: p.thread().to_string(),
+            stats: p.load(),
+            source: p.source(),
+            mine: p.is_this_threads(),
+        })
         .collect()
 }
 

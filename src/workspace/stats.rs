@@ -111,6 +111,8 @@ impl Figures {
 pub(crate) struct Published {
     id: String,
     thread: String,
+    /// The owning thread, to tell its entries from other threads'.
+    owner: std::thread::ThreadId,
     /// The workspace's memory source.
     source: MemorySource,
     words: [AtomicU64; 11],
@@ -126,6 +128,7 @@ impl Published {
         Published {
             id: id.to_string(),
             thread,
+            owner: current.id(),
             source,
             words: Default::default(),
         }
@@ -134,6 +137,11 @@ impl Published {
     /// The thread that owns the workspace, as `name (ThreadId(n))`.
     pub(crate) fn thread(&self) -> &str {
         &self.thread
+    }
+
+    /// Whether the calling thread owns the workspace (its figures are then exact).
+    pub(crate) fn is_this_threads(&self) -> bool {
+        self.owner == std::thread::current().id()
     }
 
     /// The workspace's memory source.

@@ -159,13 +159,7 @@ fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
         )
     })?;
     if rounded > crate::counter::UNLIMITED {
-        // Past the largest budget there is (what an unlimited pool counts against), so no
-        // limit could ever let it through.
-        return Err(invalid(
-            size,
-            align,
-            "more than any pool can hold (4 EiB, the largest budget)",
-        ));
+        return Err(invalid(size, align, BEYOND_ANY_POOL));
     }
     match class_of(rounded) {
         Some(class) => Ok(Fit {
@@ -178,6 +172,10 @@ fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
         }),
     }
 }
+
+/// Why a request above 4 EiB is refused: past the largest budget there is (what an
+/// unlimited pool counts against), no limit could ever let it through.
+pub(super) const BEYOND_ANY_POOL: &str = "more than any pool can hold (4 EiB, the largest budget)";
 
 /// An invalid request of `size` bytes at `align`, and why.
 pub(super) fn invalid(size: usize, align: usize, reason: &'static str) -> AllocError {

@@ -202,11 +202,7 @@ impl Pool {
             return Err(invalid(0, 1, "a reservation of zero bytes counts nothing"));
         }
         if bytes > crate::counter::UNLIMITED {
-            return Err(invalid(
-                bytes,
-                1,
-                "more than any pool can hold (4 EiB, the largest budget)",
-            ));
+            return Err(invalid(bytes, 1, class::BEYOND_ANY_POOL));
         }
         let core = &*self.core;
         core.check_config()?;
