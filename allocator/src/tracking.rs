@@ -117,38 +117,33 @@ impl<A> Tracking<A> {
 // and returns its result unchanged (or null where the contract allows a failure), so the
 // inner allocator's guarantees carry over. The accounting around the calls never allocates.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
+    /// Counts the allocation first, so that only a test for null follows the inner
+    /// `alloc` (no register has to survive the call); the cold cases go to
+    /// [`alloc_cold`].
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let size = layout.size();
-        if !TALLY.with(|t| t.try_take(size)) && !take_slow(size) {
-            return refuse(layout);
+        if !TALLY.with(|t| t.try_alloc(layout.size(), layout.align())) {
+            // SAFETY: the caller's guarantee, passed on.
+            return unsafe { alloc_cold(&self.inner, layout, A::alloc) };
         }
         // SAFETY: forwarded with the caller's layout, which the caller guarantees is valid.
         let ptr = unsafe { self.inner.alloc(layout) };
         if ptr.is_null() {
-            alloc_failed(size);
-            return refuse(layout);
-        }
-        if !TALLY.with(|t| t.allocated(size)) {
-            settle();
+            return unalloc();
         }
         ptr
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let size = layout.size();
-        if !TALLY.with(|t| t.try_take(size)) && !take_slow(size) {
-            return refuse(layout);
+        if !TALLY.with(|t| t.try_alloc(layout.size(), layout.align())) {
+            // SAFETY: the caller's guarantee, passed on.
+            return unsafe { alloc_cold(&self.inner, layout, A::alloc_zeroed) };
         }
         // SAFETY: forwarded with the caller's layout, which the caller guarantees is valid.
         let ptr = unsafe { self.inner.alloc_zeroed(layout) };
         if ptr.is_null() {
-            alloc_failed(size);
-            return refuse(layout);
-        }
-        if !TALLY.with(|t| t.allocated(size)) {
-            settle();
+            return unalloc();
         }
         ptr
     }
@@ -188,6 +183,47 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
         }
         new_ptr
     }
+}
+
+/// An allocation the fast path declined: a new thread, a dry cell, a new high-water mark
+/// of the thread's net bytes, or a publication due. `obtain` is the inner allocator's
+/// `alloc` or `alloc_zeroed`.
+///
+/// # Safety
+///
+/// As [`GlobalAlloc::alloc`] on `inner`.
+#[cold]
+#[inline(never)]
+unsafe fn alloc_cold<A: GlobalAlloc>(
+    inner: &A,
+    layout: Layout,
+    obtain: unsafe fn(&A, Layout) -> *mut u8,
+) -> *mut u8 {
+    let size = layout.size();
+    if !TALLY.with(|t| t.try_take(size)) && !take_slow(size) {
+        return refuse(layout);
+    }
+    // SAFETY: the caller's guarantee, passed on.
+    let ptr = unsafe { obtain(inner, layout) };
+    if ptr.is_null() {
+        alloc_failed(size);
+        return refuse(layout);
+    }
+    if !TALLY.with(|t| t.allocated(size)) {
+        settle();
+    }
+    ptr
+}
+
+/// The inner allocator refused an allocation the fast path had counted: takes it back and
+/// refuses it.
+#[cold]
+#[inline(never)]
+fn unalloc() -> *mut u8 {
+    let (size, align) = TALLY.with(|t| t.unalloc());
+    settle();
+    // SAFETY: `size` and `align` are those of the caller's `Layout`, as `try_alloc` kept them.
+    refuse(unsafe { Layout::from_size_align_unchecked(size, align) })
 }
 
 /// The cold half of a reservation: applies `NDMEM_MAX_HEAP` the first time, registers a new

@@ -23,9 +23,15 @@ type Books = Ledger<2>;
 
 const LIMIT: usize = 100;
 
-/// An allocation of `size` bytes as `Tracking::alloc` makes it: take from the cell (or the
-/// cold path), hand out the memory, count it. Returns whether it was served.
+/// An allocation of `size` bytes as `Tracking::alloc` makes it: the hot path counts it
+/// before the memory is handed out; otherwise take from the cell (or the cold path), hand
+/// out the memory, count it. Returns whether it was served.
 fn alloc(tally: &Tally, books: &Books, held: &AtomicUsize, size: usize) -> bool {
+    if tally.try_alloc(size, 1) {
+        let now = held.fetch_add(size, Ordering::SeqCst) + size;
+        assert!(now <= LIMIT, "{now} bytes handed out, limit {LIMIT}");
+        return true;
+    }
     if !tally.try_take(size) && !tally.take_slow(books, size, || {}) {
         return false;
     }

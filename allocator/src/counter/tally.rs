@@ -33,8 +33,13 @@
 //! published.
 //!
 //! The hot paths test the cell and two countdowns, nothing else: an allocation takes the
-//! cold path when the cell runs dry, a free when the cell passes twice its target, and
-//! either after 4096 operations of its kind (a full publication). Because the cell holds at
+//! cold path when it would take the cell below its *floor*, a free when the cell passes
+//! twice its target, and either after 4096 operations of its kind (a full publication).
+//! The floor is `max(low, 0)`: an allocation that would leave the cell dry or set a new
+//! high-water mark of the net goes the cold way, which lowers `low`, so the hot path
+//! keeps the mark exact without touching it (a program that only grows takes the cold
+//! path at each allocation; one that allocates and frees the same shapes over and over
+//! meets its mark after a few operations and stays hot). Because the cell holds at
 //! most `2 x target <= 128 KiB`, the net cannot move by more than that between cold paths,
 //! which is where the net's own bounds (publish at 4 MiB, or at 256 KiB after 64
 //! operations) are checked. The freed bytes are not counted on the hot path at all:
@@ -326,12 +331,14 @@ impl<const N: usize> Ledger<N> {
 /// (see the module documentation). Plain `Cell`s, no destructor, `const` to build: it can
 /// be a `const` thread-local.
 ///
-/// Protocol, per operation: an allocation calls [`Tally::try_take`] (or, when that fails,
-/// [`Tally::take_slow`]) before memory is obtained, then [`Tally::allocated`] or
-/// [`Tally::alloc_failed`]; a free calls [`Tally::freed`]; a reallocation takes its growth
-/// the same way and ends with [`Tally::reallocated`] or [`Tally::alloc_failed`]. Whenever
-/// one of the inline calls returns `false`, the caller calls [`Tally::settle`] once the
-/// inner allocator is done.
+/// Protocol, per operation: an allocation calls [`Tally::try_alloc`], which does all of its
+/// accounting before memory is obtained (so that nothing is left to do after the inner
+/// allocator returns, unless it refuses: then [`Tally::unalloc`]). When that fails, the
+/// allocation calls [`Tally::try_take`] (or, when that fails, [`Tally::take_slow`]) before
+/// memory is obtained, then [`Tally::allocated`] or [`Tally::alloc_failed`]; a free calls
+/// [`Tally::freed`]; a reallocation takes its growth with `try_take`/`take_slow` and ends
+/// with [`Tally::reallocated`] or [`Tally::alloc_failed`]. Whenever one of the inline calls
+/// returns `false`, the caller calls [`Tally::settle`] once the inner allocator is done.
 pub struct Tally {
     /// Unspent budget in the cell (never negative).
     budget: Cell<isize>,
@@ -341,6 +348,12 @@ pub struct Tally {
     base: Cell<isize>,
     /// Lowest `budget` since the live figure was published.
     low: Cell<isize>,
+    /// `max(low, 0)`: the fast allocation path leaves the cell at or above it.
+    floor: Cell<isize>,
+    /// The size and alignment of the last allocation [`Tally::try_alloc`] counted, for
+    /// [`Tally::unalloc`] (kept here so that nothing stays in registers across the inner
+    /// allocator's call).
+    last: Cell<(usize, usize)>,
     /// Bytes allocated since the last full publication.
     allocated: Cell<u64>,
     /// Net bytes published to the live figure since the last full publication.
@@ -374,6 +387,8 @@ impl Tally {
             ceiling: Cell::new(0),
             base: Cell::new(0),
             low: Cell::new(0),
+            floor: Cell::new(0),
+            last: Cell::new((0, 0)),
             allocated: Cell::new(0),
             published: Cell::new(0),
             allocs_left: Cell::new(FLUSH_OPS),
@@ -385,6 +400,37 @@ impl Tally {
             slot: Cell::new(NO_SLOT),
             state: Cell::new(NEW),
         }
+    }
+
+    /// The whole accounting of an allocation of `size` bytes aligned to `align`, done before
+    /// the inner allocator is called, if it needs no cold work: the cell stays at or above
+    /// its floor (so the high-water mark stands) and no publication is due. `false`, with
+    /// nothing done, otherwise. If the inner allocator then refuses, call
+    /// [`Tally::unalloc`].
+    #[inline]
+    pub fn try_alloc(&self, size: usize, align: usize) -> bool {
+        // No overflow: budget >= 0 and size <= isize::MAX (a `Layout`'s bound).
+        let budget = self.budget.get() - size as isize;
+        let left = self.allocs_left.get();
+        if budget < self.floor.get() || left <= 1 {
+            return false;
+        }
+        self.budget.set(budget);
+        self.allocs_left.set(left - 1);
+        self.allocated.set(self.allocated.get() + size as u64);
+        self.last.set((size, align));
+        true
+    }
+
+    /// Takes back the last [`Tally::try_alloc`], which the inner allocator refused; returns
+    /// its size and alignment. The caller calls [`Tally::settle`] next.
+    #[cold]
+    pub fn unalloc(&self) -> (usize, usize) {
+        let (size, align) = self.last.get();
+        self.budget.set(self.budget.get() + size as isize);
+        self.allocs_left.set(self.allocs_left.get() + 1);
+        self.allocated.set(self.allocated.get() - size as u64);
+        (size, align)
     }
 
     /// Takes `size` bytes from the cell if that needs no cold work; `false` otherwise (then
@@ -405,10 +451,7 @@ impl Tally {
     #[inline]
     pub fn allocated(&self, size: usize) -> bool {
         self.allocated.set(self.allocated.get() + size as u64);
-        let budget = self.budget.get();
-        if budget < self.low.get() {
-            self.low.set(budget);
-        }
+        self.lower();
         let left = self.allocs_left.get() - 1;
         self.allocs_left.set(left);
         left != 0
@@ -480,11 +523,9 @@ impl Tally {
     #[inline]
     pub fn reallocated(&self, old: usize, new: usize) -> bool {
         self.allocated.set(self.allocated.get() + new as u64);
+        self.lower();
         let budget = self.budget.get() + old.saturating_sub(new) as isize;
         self.budget.set(budget);
-        if budget < self.low.get() {
-            self.low.set(budget);
-        }
         let reallocs = self.reallocs.get() + 1;
         self.reallocs.set(reallocs);
         reallocs < FLUSH_OPS && self.saved_allocs_left.get() == 0 && budget <= self.ceiling.get()
@@ -684,7 +725,23 @@ impl Tally {
     fn shift(&self, bytes: isize) {
         self.budget.set(self.budget.get() + bytes);
         self.base.set(self.base.get() + bytes);
-        self.low.set(self.low.get() + bytes);
+        self.set_low(self.low.get() + bytes);
+    }
+
+    /// Notes the cell's level as a possible new low (after an allocation).
+    #[inline]
+    fn lower(&self) {
+        let budget = self.budget.get();
+        if budget < self.low.get() {
+            self.set_low(budget);
+        }
+    }
+
+    /// Sets `low`, and the floor of the fast allocation path with it.
+    #[inline]
+    fn set_low(&self, low: isize) {
+        self.low.set(low);
+        self.floor.set(low.max(0));
     }
 
     /// Publishes the net bytes to the live figure, and their high-water mark since the
@@ -694,7 +751,7 @@ impl Tally {
         let net = self.base.get() - budget;
         let high = self.base.get() - self.low.get();
         self.base.set(budget);
-        self.low.set(budget);
+        self.set_low(budget);
         self.published.set(self.published.get() + net as i64);
         self.live_ops.set(self.ops());
         ledger.live.publish(net, high);
@@ -755,7 +812,11 @@ fn add(counter: &AtomicU64, n: u64) {
 mod tests {
     use super::*;
 
+    /// An allocation as `Tracking::alloc` makes it.
     fn alloc(tally: &Tally, ledger: &Ledger<4>, size: usize) -> bool {
+        if tally.try_alloc(size, 8) {
+            return true;
+        }
         if !tally.try_take(size) && !tally.take_slow(ledger, size, || {}) {
             return false;
         }
@@ -797,6 +858,82 @@ mod tests {
         tally.retire(&ledger);
         idle.retire(&ledger);
         assert_eq!(ledger.budget().used(), 0);
+    }
+
+    /// Allocations and frees of mixed sizes, in an order that makes and unmakes
+    /// high-water marks between publications: the published peak is the true one, whether
+    /// an allocation took the hot path (above the cell's floor) or the cold one.
+    #[test]
+    fn the_peak_of_one_thread_is_exact_whichever_path_counted_it() {
+        let ledger = Ledger::<4>::new(None);
+        let tally = Tally::new();
+        let mut live: Vec<usize> = Vec::new();
+        let (mut now, mut peak) = (0usize, 0usize);
+        let (mut hot, mut cold) = (0u32, 0u32);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..20_000u32 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let grow = live.len() < 4 || (seed % 100) < 52;
+            if grow {
+                let size = 1 + (seed >> 20) as usize % 3000;
+                if tally.try_alloc(size, 8) {
+                    hot += 1;
+                } else {
+                    assert!(alloc(&tally, &ledger, size));
+                    cold += 1;
+                }
+                live.push(size);
+                now += size;
+                peak = peak.max(now);
+            } else {
+                let size = live.swap_remove((seed >> 32) as usize % live.len());
+                free(&tally, &ledger, size);
+                now -= size;
+            }
+            if step % 997 == 0 {
+                tally.flush(&ledger);
+                let read = ledger.live().read();
+                assert_eq!((read.value, read.peak), (now, peak), "step {step}");
+            }
+        }
+        tally.flush(&ledger);
+        let read = ledger.live().read();
+        assert_eq!((read.value, read.peak), (now, peak));
+        assert!(
+            hot > 1000 && cold > 1000,
+            "both paths taken: {hot} hot, {cold} cold"
+        );
+    }
+
+    /// An allocation the hot path counted and the inner allocator then refused leaves no
+    /// trace once taken back: no live byte, no allocation, no peak.
+    #[test]
+    fn a_hot_allocation_taken_back_leaves_no_trace() {
+        let ledger = Ledger::<4>::new(None);
+        let tally = Tally::new();
+        assert!(alloc(&tally, &ledger, 4096));
+        free(&tally, &ledger, 4096);
+        tally.flush(&ledger);
+        let before = (ledger.live().read(), ledger.counts());
+        // A publication resets the mark: the first allocation after it sets a new one (the
+        // cold path), after which anything below that mark takes the hot path.
+        assert!(
+            !tally.try_alloc(4096, 32),
+            "a new high-water mark goes the cold way"
+        );
+        assert!(alloc(&tally, &ledger, 4096));
+        free(&tally, &ledger, 4096);
+        assert!(tally.try_alloc(1000, 32), "1000 bytes stay above the floor");
+        assert_eq!(tally.unalloc(), (1000, 32));
+        tally.settle(&ledger);
+        tally.flush(&ledger);
+        let (live, counts) = (ledger.live().read(), ledger.counts());
+        assert_eq!((live.value, live.peak), (before.0.value, before.0.peak));
+        assert_eq!(live.total, before.0.total + 4096);
+        assert_eq!(counts.allocations, before.1.allocations + 1);
+        assert_eq!(counts.deallocations, before.1.deallocations + 1);
     }
 
     #[test]
