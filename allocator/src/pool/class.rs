@@ -64,28 +64,30 @@ pub(super) fn class_size(class: usize) -> usize {
 }
 
 /// Requests up to this many bytes, rounded to their alignment, find their class in
-/// [`SMALL_CLASSES`].
+/// [`SMALL_FITS`].
 const SMALL_BYTES: usize = 64 << 10;
 /// The largest alignment the table path serves (every class is a multiple of 16, and a
 /// request rounded to its alignment lands in a class at least that aligned: see
 /// [`natural_align`]).
 const SMALL_ALIGN: usize = 64;
 
-/// The class of every multiple of 16 bytes up to [`SMALL_BYTES`], by `bytes / 16`: one load
-/// instead of the arithmetic of [`class_of`].
-static SMALL_CLASSES: [u8; SMALL_BYTES / 16 + 1] = {
+/// The class and capacity of every multiple of 16 bytes up to [`SMALL_BYTES`], by
+/// `bytes / 16`, as `capacity << 8 | class`: one load instead of the arithmetic of
+/// [`class_of`] and the class's size after it.
+static SMALL_FITS: [u32; SMALL_BYTES / 16 + 1] = {
     let mut table = [0; SMALL_BYTES / 16 + 1];
     let mut i = 1;
     while i < table.len() {
         let bytes = i * 16;
         // `class_of` for `bytes <= SMALL_BYTES`, in const form.
-        table[i] = if bytes <= MIN_CLASS {
+        let class = if bytes <= MIN_CLASS {
             0
         } else {
             let k = (usize::BITS - 1 - (bytes - 1).leading_zeros()) as usize;
             let step = 1usize << (k - 2);
-            ((k - 6) * 4 + (bytes - (1 << k)).div_ceil(step)) as u8
+            (k - 6) * 4 + (bytes - (1 << k)).div_ceil(step)
         };
+        table[i] = (CLASS_SIZES[class] << 8 | class) as u32;
         i += 1;
     }
     table
@@ -126,10 +128,10 @@ pub(super) fn fit(size: usize, align: usize) -> Result<Fit, AllocError> {
         let unit = align.max(16);
         // At most SMALL_BYTES: a multiple of every alignment served here.
         let rounded = (size + unit - 1) & !(unit - 1);
-        let class = SMALL_CLASSES[rounded / 16];
+        let fit = SMALL_FITS[rounded / 16];
         return Ok(Fit {
-            capacity: CLASS_SIZES[usize::from(class)],
-            class,
+            capacity: (fit >> 8) as usize,
+            class: fit as u8,
         });
     }
     fit_any(size, align)

@@ -40,10 +40,14 @@
 //!   the other's, so at least one side sees the other and stands back (the owner uses the
 //!   shared classes for that one request; the recaller waits, the owner's turn being a few
 //!   instructions that neither wait nor allocate). The barrier is asymmetric (`os`): the
-//!   owner's side is a compiler fence when the recaller's side can make every thread of the
-//!   process fence (Linux `membarrier`), so a cache hit costs no read-modify-write at all.
-//! - A slot's tally is written by its owner alone (plain loads and stores of atomics, no
-//!   read-modify-write) and read by others under the registry's lock. A thread that exits
+//!   owner's side is a compiler fence on Linux, where the recaller's side makes every
+//!   thread of the process fence (`membarrier`), so a cache hit costs no read-modify-write
+//!   and no test of which barrier is in use: a Linux thread keeps a cache only once that
+//!   barrier is registered (without it, as on kernels before 4.14 or under a filter that
+//!   forbids the call, every thread uses the shared classes). Elsewhere the owner fences.
+//! - A slot's tally and hit counters are written by its owner alone (plain loads and
+//!   stores of atomics, no read-modify-write) and read by others under the registry's lock.
+//!   A hit writes one counter, of its class and usage: its bytes are the class's size. A thread that exits
 //!   folds its tally into the pool's books and removes its slot under that same lock, so a
 //!   sum taken under the lock counts every operation that is not in flight exactly once.
 //! - Lifetimes: a thread's entry for a pool holds an `Arc` of the pool's core, so the core
@@ -70,7 +74,7 @@ use loom::sync::{Mutex, MutexGuard};
 use std::sync::{Mutex, MutexGuard};
 
 use super::class::{class_size, NUM_CLASSES};
-use super::os::{has_process_barrier, heavy_barrier, light_barrier_given};
+use super::os::{heavy_barrier, light_barrier};
 use super::stats::{Books, Figures};
 use super::{Core, Usage};
 use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -127,23 +131,26 @@ pub(super) struct Slot {
     busy: AtomicUsize,
     /// 1 while a recaller wants in or is inside.
     recall: AtomicUsize,
-    /// Whether the process-wide barrier is registered (see `os`): asked once, before any
-    /// slot exists, and kept here so the owner's barrier reads no global.
-    process_wide: bool,
     /// Each class's free list; see the handshake.
     lists: UnsafeCell<Lists>,
     /// Each list's length; written by whoever is inside, read by anyone (the bytes cached
     /// are summed from them).
     lens: [AtomicU32; LISTS],
     tally: Tally,
+    /// Allocations served on the hit path, per class and usage (index
+    /// [`hit`]`(class, usage)`): their bytes are the class's size, so one counter holds
+    /// both the count and the bytes, and the hit path writes one figure.
+    taken: [AtomicU64; HITS],
+    /// Frees kept on the hit path, per class and usage, as `taken`.
+    kept: [AtomicU64; HITS],
     /// The owner's peak bookkeeping; touched by the owner thread alone.
     mark: UnsafeCell<Mark>,
 }
 
-/// A thread's counts, written by the thread alone, each only growing. The figures the
-/// statistics show are derived when read: bytes allocated and freed are the sums over the
-/// usages, live bytes per usage their differences, cache hits the allocations less the
-/// misses, so an allocation served from the cache writes two counters and a free two.
+/// A thread's counts off the hit paths, written by the thread alone, each only growing
+/// (the hit paths count in the slot's `taken` and `kept`). The figures the statistics
+/// show are derived when read: bytes allocated and freed are the sums over the usages,
+/// live bytes per usage their differences, cache hits the allocations less the misses.
 struct Tally {
     /// Bytes handed out, per usage.
     allocated: [AtomicU64; 4],
@@ -210,7 +217,6 @@ impl Slot {
             rise: AtomicIsize::new(0),
             busy: AtomicUsize::new(0),
             recall: AtomicUsize::new(0),
-            process_wide: has_process_barrier(),
             lists: UnsafeCell::new(Lists {
                 heads: [ptr::null_mut(); LISTS],
                 caps: [0; LISTS],
@@ -224,6 +230,8 @@ impl Slot {
                 deallocations: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
             },
+            taken: std::array::from_fn(|_| AtomicU64::new(0)),
+            kept: std::array::from_fn(|_| AtomicU64::new(0)),
             mark: UnsafeCell::new(Mark {
                 level: 0,
                 published: 0,
@@ -238,7 +246,7 @@ impl Slot {
     #[inline(always)]
     fn enter(&self) -> bool {
         self.busy.store(1, Ordering::Relaxed);
-        light_barrier_given(self.process_wide);
+        light_barrier();
         if self.recall.load(Ordering::Acquire) == 0 {
             return true;
         }
@@ -439,7 +447,8 @@ impl Slot {
         let block = unsafe { self.pop(class) };
         self.leave();
         let block = block?;
-        self.tally.count_allocation(bytes, usage);
+        debug_assert_eq!(bytes, class_size(class));
+        bump(&self.taken[hit(class, usage)], 1);
         m.level = level;
         Some(block)
     }
@@ -461,7 +470,8 @@ impl Slot {
         if level < m.fall || !self.keep(class, block) {
             return false;
         }
-        self.tally.count_free(bytes, usage);
+        debug_assert_eq!(bytes, class_size(class));
+        bump(&self.kept[hit(class, usage)], 1);
         m.level = level;
         true
     }
@@ -498,10 +508,15 @@ impl Slot {
         let t = &self.tally;
         // Frees are read before allocations: a free follows its allocation, so no live
         // figure reads below what it is for want of an allocation read too early.
-        let freed: [u64; 4] = std::array::from_fn(|i| t.freed[i].load(Ordering::Relaxed));
-        let deallocations = t.deallocations.load(Ordering::Relaxed);
-        let allocated: [u64; 4] = std::array::from_fn(|i| t.allocated[i].load(Ordering::Relaxed));
-        let allocations = t.allocations.load(Ordering::Relaxed);
+        let mut freed: [u64; 4] = std::array::from_fn(|i| t.freed[i].load(Ordering::Relaxed));
+        let mut deallocations = t.deallocations.load(Ordering::Relaxed);
+        let kept = hits(&self.kept, &mut freed);
+        deallocations = deallocations.wrapping_add(kept);
+        let mut allocated: [u64; 4] =
+            std::array::from_fn(|i| t.allocated[i].load(Ordering::Relaxed));
+        let mut allocations = t.allocations.load(Ordering::Relaxed);
+        let taken = hits(&self.taken, &mut allocated);
+        allocations = allocations.wrapping_add(taken);
         Figures {
             allocated: allocated.iter().fold(0, |a, b| a.wrapping_add(*b)),
             freed: freed.iter().fold(0, |a, b| a.wrapping_add(*b)),
@@ -513,6 +528,32 @@ impl Slot {
             thread_cached: self.cached_bytes(),
         }
     }
+}
+
+/// Entries of a slot's hit counters: one per class (of [`LISTS`]) and usage.
+const HITS: usize = LISTS * 4;
+
+/// The index of the hit counter of `class` and `usage` (no bounds check needed: below
+/// [`HITS`] by construction).
+#[inline(always)]
+fn hit(class: usize, usage: Usage) -> usize {
+    list(class) << 2 | usage.index()
+}
+
+/// Adds the hits counted in `counters` to `bytes` (per usage, at each class's size);
+/// returns how many there were.
+fn hits(counters: &[AtomicU64; HITS], bytes: &mut [u64; 4]) -> u64 {
+    let mut count = 0u64;
+    for class in 0..NUM_CLASSES {
+        for (usage, bytes) in bytes.iter_mut().enumerate() {
+            let n = counters[list(class) << 2 | usage].load(Ordering::Relaxed);
+            if n != 0 {
+                count = count.wrapping_add(n);
+                *bytes = bytes.wrapping_add(n.wrapping_mul(class_size(class) as u64));
+            }
+        }
+    }
+    count
 }
 
 /// A list of `class` (blocks of `capacity` bytes) was found empty: its cap grows by one
@@ -772,6 +813,11 @@ mod thread {
         pub(super) fn register(&self, core: &Arc<Core>) -> Option<()> {
             if find(core).is_some() {
                 return Some(());
+            }
+            // The owner's side of the handshake is a compiler fence where the OS offers the
+            // process-wide barrier (`os`): without it, no thread keeps a cache.
+            if !super::super::os::light_barrier_usable() {
+                return None;
             }
             let mut entries = self.entries.try_borrow_mut().ok()?;
             // Entries of dropped pools go first (their cores are freed with the last entry).

@@ -76,7 +76,7 @@ pub(super) unsafe fn give_back(ptr: NonNull<u8>, capacity: usize) {
 static PROCESS_BARRIER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Asks for the process-wide barrier (Linux `membarrier`, private expedited) once; called
-/// before any thread cache exists, so every cache sees the answer (see `light_barrier_given`).
+/// before any thread cache exists, so every cache sees the answer (see `light_barrier`).
 pub(super) fn prepare_barrier() {
     use std::sync::atomic::Ordering;
     if PROCESS_BARRIER.load(Ordering::Acquire) == 0 {
@@ -111,18 +111,22 @@ pub(super) fn has_process_barrier() -> bool {
 }
 
 /// The cheap side of an asymmetric store-load barrier: orders this thread's earlier stores
-/// before its later loads *as seen by a thread that runs [`heavy_barrier`]*. A compiler
-/// fence when the process-wide barrier is available (`process_wide`, the answer of
-/// [`has_process_barrier`]: the heavy side then makes every running thread execute a full
-/// fence), a full fence otherwise.
+/// before its later loads *as seen by a thread that runs [`heavy_barrier`]*. On Linux a
+/// compiler fence: the heavy side then makes every running thread execute a full fence
+/// (`membarrier`), and a thread cache, the only user, exists there only once that barrier
+/// is registered ([`has_process_barrier`]). Elsewhere (and under Miri) a full fence.
 #[inline(always)]
-pub(super) fn light_barrier_given(process_wide: bool) {
-    use std::sync::atomic::{compiler_fence, fence, Ordering};
-    if process_wide {
-        compiler_fence(Ordering::SeqCst);
-    } else {
-        fence(Ordering::SeqCst);
-    }
+pub(super) fn light_barrier() {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether a thread may use [`light_barrier`] against [`heavy_barrier`]: always where the
+/// light side fences for itself; on Linux once the process-wide barrier is registered.
+pub(super) fn light_barrier_usable() -> bool {
+    cfg!(not(all(target_os = "linux", not(miri)))) || has_process_barrier()
 }
 
 /// The costly side of the barrier of [`light_barrier_given`]: a full fence on every thread of
@@ -188,7 +192,9 @@ mod tests {
             PROCESS_BARRIER.load(std::sync::atomic::Ordering::Relaxed),
             mode
         );
-        light_barrier_given(has_process_barrier());
+        if light_barrier_usable() {
+            light_barrier();
+        }
         heavy_barrier();
         eprintln!("process-wide barrier available: {}", mode == 1);
     }
