@@ -124,7 +124,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !TALLY.with(|t| t.try_alloc(layout.size(), layout.align())) {
             // SAFETY: the caller's guarantee, passed on.
-            return unsafe { alloc_cold(&self.inner, layout, A::alloc) };
+            return unsafe { alloc_cold::<A, false>(&self.inner, layout) };
         }
         // SAFETY: forwarded with the caller's layout, which the caller guarantees is valid.
         let ptr = unsafe { self.inner.alloc(layout) };
@@ -138,7 +138,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if !TALLY.with(|t| t.try_alloc(layout.size(), layout.align())) {
             // SAFETY: the caller's guarantee, passed on.
-            return unsafe { alloc_cold(&self.inner, layout, A::alloc_zeroed) };
+            return unsafe { alloc_cold::<A, true>(&self.inner, layout) };
         }
         // SAFETY: forwarded with the caller's layout, which the caller guarantees is valid.
         let ptr = unsafe { self.inner.alloc_zeroed(layout) };
@@ -185,26 +185,28 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
     }
 }
 
-/// An allocation the fast path declined: a new thread, a dry cell, a new high-water mark
-/// of the thread's net bytes, or a publication due. `obtain` is the inner allocator's
-/// `alloc` or `alloc_zeroed`.
+/// An allocation the fast path declined: a new thread, a dry cell, or a publication due;
+/// through the inner allocator's `alloc_zeroed` if `ZEROED`, its `alloc` otherwise (a
+/// direct call each, which the compiler can inline).
 ///
 /// # Safety
 ///
 /// As [`GlobalAlloc::alloc`] on `inner`.
 #[cold]
 #[inline(never)]
-unsafe fn alloc_cold<A: GlobalAlloc>(
-    inner: &A,
-    layout: Layout,
-    obtain: unsafe fn(&A, Layout) -> *mut u8,
-) -> *mut u8 {
+unsafe fn alloc_cold<A: GlobalAlloc, const ZEROED: bool>(inner: &A, layout: Layout) -> *mut u8 {
     let size = layout.size();
     if !TALLY.with(|t| t.try_take(size)) && !take_slow(size) {
         return refuse(layout);
     }
     // SAFETY: the caller's guarantee, passed on.
-    let ptr = unsafe { obtain(inner, layout) };
+    let ptr = unsafe {
+        if ZEROED {
+            inner.alloc_zeroed(layout)
+        } else {
+            inner.alloc(layout)
+        }
+    };
     if ptr.is_null() {
         alloc_failed(size);
         return refuse(layout);

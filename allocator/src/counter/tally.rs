@@ -33,13 +33,11 @@
 //! published.
 //!
 //! The hot paths test the cell and two countdowns, nothing else: an allocation takes the
-//! cold path when it would take the cell below its *floor*, a free when the cell passes
-//! twice its target, and either after 4096 operations of its kind (a full publication).
-//! The floor is `max(low, 0)`: an allocation that would leave the cell dry or set a new
-//! high-water mark of the net goes the cold way, which lowers `low`, so the hot path
-//! keeps the mark exact without touching it (a program that only grows takes the cold
-//! path at each allocation; one that allocates and frees the same shapes over and over
-//! meets its mark after a few operations and stays hot). Because the cell holds at
+//! cold path when the cell runs dry, a free when the cell passes twice its target, and
+//! either after 4096 operations of its kind (a full publication). The high-water mark is
+//! kept by the frees: the cell only falls between two of them, so its lowest value since
+//! a publication is its value just before one of them (or now), and a free notes it
+//! (`low`) before it gives its bytes back; the allocation path does not touch it. Because the cell holds at
 //! most `2 x target <= 128 KiB`, the net cannot move by more than that between cold paths,
 //! which is where the net's own bounds (publish at 4 MiB, or at 256 KiB after 64
 //! operations) are checked. The freed bytes are not counted on the hot path at all:
@@ -346,10 +344,10 @@ pub struct Tally {
     ceiling: Cell<isize>,
     /// `budget + unpublished net bytes`.
     base: Cell<isize>,
-    /// Lowest `budget` since the live figure was published.
+    /// Lowest `budget` since the live figure was published, as of the last time the cell
+    /// rose (a free, a shrink) or the figure was published: the lowest value is
+    /// `min(low, budget)`.
     low: Cell<isize>,
-    /// `max(low, 0)`: the fast allocation path leaves the cell at or above it.
-    floor: Cell<isize>,
     /// The size and alignment of the last allocation [`Tally::try_alloc`] counted, for
     /// [`Tally::unalloc`] (kept here so that nothing stays in registers across the inner
     /// allocator's call).
@@ -387,7 +385,6 @@ impl Tally {
             ceiling: Cell::new(0),
             base: Cell::new(0),
             low: Cell::new(0),
-            floor: Cell::new(0),
             last: Cell::new((0, 0)),
             allocated: Cell::new(0),
             published: Cell::new(0),
@@ -403,16 +400,15 @@ impl Tally {
     }
 
     /// The whole accounting of an allocation of `size` bytes aligned to `align`, done before
-    /// the inner allocator is called, if it needs no cold work: the cell stays at or above
-    /// its floor (so the high-water mark stands) and no publication is due. `false`, with
-    /// nothing done, otherwise. If the inner allocator then refuses, call
-    /// [`Tally::unalloc`].
+    /// the inner allocator is called, if it needs no cold work: the cell covers it and no
+    /// publication is due. `false`, with nothing done, otherwise. If the inner allocator
+    /// then refuses, call [`Tally::unalloc`].
     #[inline]
     pub fn try_alloc(&self, size: usize, align: usize) -> bool {
         // No overflow: budget >= 0 and size <= isize::MAX (a `Layout`'s bound).
         let budget = self.budget.get() - size as isize;
         let left = self.allocs_left.get();
-        if budget < self.floor.get() || left <= 1 {
+        if budget < 0 || left <= 1 {
             return false;
         }
         self.budget.set(budget);
@@ -451,7 +447,6 @@ impl Tally {
     #[inline]
     pub fn allocated(&self, size: usize) -> bool {
         self.allocated.set(self.allocated.get() + size as u64);
-        self.lower();
         let left = self.allocs_left.get() - 1;
         self.allocs_left.set(left);
         left != 0
@@ -461,7 +456,11 @@ impl Tally {
     /// thread must [`settle`](Tally::settle) (after the memory is given back).
     #[inline]
     pub fn freed(&self, size: usize) -> bool {
-        let budget = self.budget.get() + size as isize;
+        let budget = self.budget.get();
+        if budget < self.low.get() {
+            self.low.set(budget);
+        }
+        let budget = budget + size as isize;
         self.budget.set(budget);
         let left = self.frees_left.get() - 1;
         self.frees_left.set(left);
@@ -523,8 +522,9 @@ impl Tally {
     #[inline]
     pub fn reallocated(&self, old: usize, new: usize) -> bool {
         self.allocated.set(self.allocated.get() + new as u64);
-        self.lower();
-        let budget = self.budget.get() + old.saturating_sub(new) as isize;
+        let budget = self.budget.get();
+        self.low.set(self.low.get().min(budget));
+        let budget = budget + old.saturating_sub(new) as isize;
         self.budget.set(budget);
         let reallocs = self.reallocs.get() + 1;
         self.reallocs.set(reallocs);
@@ -725,23 +725,7 @@ impl Tally {
     fn shift(&self, bytes: isize) {
         self.budget.set(self.budget.get() + bytes);
         self.base.set(self.base.get() + bytes);
-        self.set_low(self.low.get() + bytes);
-    }
-
-    /// Notes the cell's level as a possible new low (after an allocation).
-    #[inline]
-    fn lower(&self) {
-        let budget = self.budget.get();
-        if budget < self.low.get() {
-            self.set_low(budget);
-        }
-    }
-
-    /// Sets `low`, and the floor of the fast allocation path with it.
-    #[inline]
-    fn set_low(&self, low: isize) {
-        self.low.set(low);
-        self.floor.set(low.max(0));
+        self.low.set(self.low.get() + bytes);
     }
 
     /// Publishes the net bytes to the live figure, and their high-water mark since the
@@ -749,9 +733,9 @@ impl Tally {
     fn flush_live<const N: usize>(&self, ledger: &Ledger<N>) {
         let budget = self.budget.get();
         let net = self.base.get() - budget;
-        let high = self.base.get() - self.low.get();
+        let high = self.base.get() - self.low.get().min(budget);
         self.base.set(budget);
-        self.set_low(budget);
+        self.low.set(budget);
         self.published.set(self.published.get() + net as i64);
         self.live_ops.set(self.ops());
         ledger.live.publish(net, high);
@@ -862,7 +846,7 @@ mod tests {
 
     /// Allocations and frees of mixed sizes, in an order that makes and unmakes
     /// high-water marks between publications: the published peak is the true one, whether
-    /// an allocation took the hot path (above the cell's floor) or the cold one.
+    /// an allocation took the hot path or the cold one (a dry cell, a publication due).
     #[test]
     fn the_peak_of_one_thread_is_exact_whichever_path_counted_it() {
         let ledger = Ledger::<4>::new(None);
@@ -902,7 +886,7 @@ mod tests {
         let read = ledger.live().read();
         assert_eq!((read.value, read.peak), (now, peak));
         assert!(
-            hot > 1000 && cold > 1000,
+            hot > 1000 && cold > 10,
             "both paths taken: {hot} hot, {cold} cold"
         );
     }
@@ -917,21 +901,17 @@ mod tests {
         free(&tally, &ledger, 4096);
         tally.flush(&ledger);
         let before = (ledger.live().read(), ledger.counts());
-        // A publication resets the mark: the first allocation after it sets a new one (the
-        // cold path), after which anything below that mark takes the hot path.
-        assert!(
-            !tally.try_alloc(4096, 32),
-            "a new high-water mark goes the cold way"
-        );
-        assert!(alloc(&tally, &ledger, 4096));
-        free(&tally, &ledger, 4096);
-        assert!(tally.try_alloc(1000, 32), "1000 bytes stay above the floor");
-        assert_eq!(tally.unalloc(), (1000, 32));
+        // 5000 bytes, a new high-water mark, taken back: the peak stays 4096.
+        assert!(tally.try_alloc(5000, 32), "the cell covers 5000 bytes");
+        assert_eq!(tally.unalloc(), (5000, 32));
         tally.settle(&ledger);
+        // A free after it does not see the taken-back bytes as a low of the cell.
+        assert!(alloc(&tally, &ledger, 64));
+        free(&tally, &ledger, 64);
         tally.flush(&ledger);
         let (live, counts) = (ledger.live().read(), ledger.counts());
         assert_eq!((live.value, live.peak), (before.0.value, before.0.peak));
-        assert_eq!(live.total, before.0.total + 4096);
+        assert_eq!(live.total, before.0.total + 64);
         assert_eq!(counts.allocations, before.1.allocations + 1);
         assert_eq!(counts.deallocations, before.1.deallocations + 1);
     }
