@@ -117,9 +117,8 @@ impl<A> Tracking<A> {
 // and returns its result unchanged (or null where the contract allows a failure), so the
 // inner allocator's guarantees carry over. The accounting around the calls never allocates.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
-    /// Counts the allocation first, so that only a test for null follows the inner
-    /// `alloc` (no register has to survive the call); the cold cases go to
-    /// [`alloc_cold`].
+    // Counts the allocation first, so that only a test for null follows the inner `alloc`
+    // (no register has to survive the call); the cold cases go to `alloc_cold`.
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !TALLY.with(|t| t.try_alloc(layout.size(), layout.align())) {

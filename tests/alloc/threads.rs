@@ -100,6 +100,108 @@ fn a_thread_s_cache_goes_back_to_the_shared_classes_when_it_exits() {
     drop(blocks);
 }
 
+/// Runs `step` on a fresh thread and waits until the thread is gone.
+fn on_a_fresh_thread(pool: &Pool, step: impl FnOnce(&Pool) + Send) {
+    std::thread::scope(|s| {
+        // An explicit join returns once the thread's thread-locals were dropped.
+        s.spawn(|| step(pool)).join().unwrap();
+    });
+}
+
+/// A program that starts fresh threads for each step: the blocks an exited thread cached
+/// (more than the shared classes' 16 slots a class hold) wait in the pool, counted as
+/// cached, and the next thread's step takes them all without the OS, as cache hits.
+#[test]
+fn a_fresh_thread_finds_the_blocks_an_exited_thread_cached() {
+    const BLOCKS: usize = 200;
+    let pool = pool_with(64 * MIB);
+    on_a_fresh_thread(&pool, |pool| cache_blocks(pool, BLOCKS, 1000));
+    let before = pool.stats();
+    assert_eq!(before.thread_cached_bytes, 0);
+    assert_eq!(
+        before.cached_bytes,
+        BLOCKS * 1024,
+        "the class of 1000 B is 1 KiB"
+    );
+    assert_eq!(before.used_bytes, BLOCKS * 1024);
+    assert_eq!(before.os_allocations, BLOCKS as u64);
+    on_a_fresh_thread(&pool, |pool| cache_blocks(pool, BLOCKS, 1000));
+    let after = pool.stats();
+    assert_eq!(
+        after.os_allocations, before.os_allocations,
+        "no block from the OS"
+    );
+    assert_eq!(after.cache_hits, before.cache_hits + BLOCKS as u64);
+    assert_eq!((after.allocations, after.deallocations), (400, 400));
+    assert_eq!(
+        (after.cached_bytes, after.used_bytes),
+        (BLOCKS * 1024, BLOCKS * 1024)
+    );
+    assert_eq!(pool.trim(), BLOCKS * 1024, "trim hands them to the OS");
+    let trimmed = pool.stats();
+    assert_eq!((trimmed.cached_bytes, trimmed.used_bytes), (0, 0));
+}
+
+/// Threads that start together each find a list that a thread before them left, rather
+/// than one of them taking all while the other asks the OS: the pool's memory stays what
+/// one step needs, round after round.
+#[test]
+fn threads_that_start_together_each_find_a_list_left_for_them() {
+    const BLOCKS: usize = 100;
+    let pool = pool_with(64 * MIB);
+    let round = |pool: &Pool| {
+        let together = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let blocks: Vec<Block> = (0..BLOCKS)
+                            .map(|_| pool.allocate(1000, 64).unwrap())
+                            .collect();
+                        together.wait();
+                        drop(blocks);
+                    })
+                })
+                .collect();
+            for thread in threads {
+                thread.join().unwrap();
+            }
+        });
+    };
+    round(&pool);
+    let first = pool.stats();
+    assert_eq!(first.os_allocations, 2 * BLOCKS as u64);
+    for _ in 0..5 {
+        round(&pool);
+    }
+    let s = pool.stats();
+    assert_eq!(
+        s.os_allocations, first.os_allocations,
+        "no block from the OS since"
+    );
+    assert_eq!(s.used_bytes, 2 * BLOCKS * 1024);
+}
+
+/// What exited threads leave waiting is bounded by what one thread may keep (a quarter of
+/// the limit): past it, blocks go to the shared classes (16 a class) and the OS.
+#[test]
+fn what_exited_threads_leave_waiting_stays_within_one_threads_bound() {
+    const BLOCK: usize = 64 << 10;
+    // A 16 MiB limit: each thread may keep 4 MiB, 64 blocks; each caches 48.
+    let pool = pool_with(16 * MIB);
+    on_a_fresh_thread(&pool, |pool| cache_blocks(pool, 48, BLOCK));
+    assert_eq!(pool.stats().cached_bytes, 48 * BLOCK, "all 48 wait");
+    // This thread needs all 48 at once and its own 48 more: the first 48 come from what
+    // the first thread left, the rest from the OS.
+    on_a_fresh_thread(&pool, |pool| cache_blocks(pool, 96, BLOCK));
+    let s = pool.stats();
+    // 96 blocks came back: 64 (its bound) wait whole, 16 fill the shared slots, 16 go to
+    // the OS.
+    assert_eq!(s.cached_bytes, (64 + 16) * BLOCK, "{s:?}");
+    assert_eq!(s.used_bytes, s.cached_bytes);
+    assert_eq!(s.live_bytes, 0);
+}
+
 #[test]
 fn a_lower_limit_recalls_what_threads_cache() {
     let pool = pool_with(8 * MIB);

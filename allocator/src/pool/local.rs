@@ -120,7 +120,9 @@ struct Lists {
     capped: usize,
 }
 
-/// One thread's cache and tally for one pool.
+/// One thread's cache and tally for one pool. Aligned to two cache lines, so that no line
+/// of it is shared with another thread's slot (their owners write theirs at every hit).
+#[repr(align(128))]
 pub(super) struct Slot {
     /// The owner's live bytes above which it must publish towards the peak (a new high, or
     /// a batch above what it last published); lowered to `isize::MIN` by a peak reset, so
@@ -329,6 +331,42 @@ impl Slot {
         len.store(n + 1, Ordering::Relaxed);
         self.leave();
         true
+    }
+
+    /// Owner: `n` blocks of `class` (of `capacity` bytes each), linked through their first
+    /// words from `head` and owned by the caller, become this slot's list of that class,
+    /// which must be empty; its cap is raised to hold them and the block handed out with
+    /// them (`n + 1`: all come back in a step like the last), if the slot's caps stay
+    /// within `bound` bytes with it. `false` (nothing changed, the blocks still the
+    /// caller's) when the list is not empty, the bound does not allow it, or a recall is
+    /// under way.
+    pub(super) fn take_list(
+        &self,
+        class: usize,
+        head: NonNull<u8>,
+        n: u32,
+        capacity: usize,
+        bound: usize,
+    ) -> bool {
+        let class = list(class);
+        if !self.enter() {
+            return false;
+        }
+        // SAFETY: the owner is inside (the handshake): nobody else touches the lists.
+        let lists = unsafe { &mut *self.lists.get() };
+        let cap = lists.caps[class];
+        let wanted = n.saturating_add(1);
+        let extra = (wanted.saturating_sub(cap) as usize).saturating_mul(capacity);
+        let fits = self.lens[class].load(Ordering::Relaxed) == 0
+            && lists.capped.saturating_add(extra) <= bound;
+        if fits {
+            lists.capped += extra;
+            lists.caps[class] = cap.max(wanted);
+            lists.heads[class] = head.as_ptr();
+            self.lens[class].store(n, Ordering::Relaxed);
+        }
+        self.leave();
+        fits
     }
 
     /// Bytes on the lists (exact while nobody is inside; each length is read once).
@@ -686,8 +724,16 @@ impl Registry {
     }
 
     /// The owner thread leaves: under the lock, its blocks go to `each`, its tally into
-    /// the books, and the slot off the list. The slot is freed by the caller afterwards.
-    fn retire(&self, slot: NonNull<Slot>, books: &Books, each: impl FnMut(NonNull<u8>, usize)) {
+    /// the books, the slot off the list, and then `then` runs, the lock still held (so that
+    /// a sum of the figures never sees the blocks in no cache). The slot is freed by the
+    /// caller afterwards.
+    fn retire(
+        &self,
+        slot: NonNull<Slot>,
+        books: &Books,
+        each: impl FnMut(NonNull<u8>, usize),
+        then: impl FnOnce(),
+    ) {
         let mut slots = self.lock();
         // SAFETY: the slot is listed, so alive, and the caller is its owner.
         let s = unsafe { slot.as_ref() };
@@ -699,6 +745,168 @@ impl Registry {
         books.publish(m.level - m.published, false);
         books.fold(&s.figures());
         slots.retain(|listed| listed.0 != slot);
+        then();
+    }
+}
+
+/// A list of blocks of one class, linked through their first words: its first and last
+/// block and its length.
+#[derive(Clone, Copy)]
+struct Chain {
+    head: *mut u8,
+    tail: *mut u8,
+    len: u32,
+}
+
+impl Chain {
+    const EMPTY: Chain = Chain {
+        head: ptr::null_mut(),
+        tail: ptr::null_mut(),
+        len: 0,
+    };
+
+    /// Links `block` (owned by the chain from now on) in front.
+    #[cfg_attr(ndmem_loom, allow(dead_code))]
+    fn push(&mut self, block: NonNull<u8>) {
+        // SAFETY: a pool block of a class is at least 64 bytes, aligned to 16, and owned by
+        // the caller: its first word is ours to overwrite with the link.
+        unsafe { block.as_ptr().cast::<*mut u8>().write(self.head) };
+        if self.head.is_null() {
+            self.tail = block.as_ptr();
+        }
+        self.head = block.as_ptr();
+        self.len += 1;
+    }
+
+    /// Hands every block to `each`, in order.
+    fn for_each(self, mut each: impl FnMut(NonNull<u8>)) {
+        let mut next = self.head;
+        while let Some(block) = NonNull::new(next) {
+            // SAFETY: a chained block holds the next block in its first word; it is read
+            // before the block is handed on.
+            next = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+            each(block);
+        }
+    }
+}
+
+/// A pool's depot: the lists of blocks that exited threads left, a stack of them per class,
+/// each for one next thread that misses in that class to take over whole (see
+/// [`Core::take_depot`]): threads that start together each find one list, as the threads
+/// before them left them, rather than one thread taking them all while the others ask the
+/// OS. Its blocks count as the shared classes' (`cached`), stay reserved in the budget,
+/// and go back to the OS with the shared classes' (`trim`, a limit, the pool's drop). It
+/// holds at most the per-thread bound in bytes: a program that starts fresh threads for
+/// each step finds the last step's blocks there, without the OS and without a
+/// block-by-block trip through the shared classes' 16 slots.
+///
+/// The stacks are linked through the blocks themselves (no allocation): the first block of
+/// a list waiting in the depot holds, after its link to the next block of its list, the
+/// first block of the next list down the stack, its list's length and its list's last
+/// block (a block of a class has at least 64 bytes).
+pub(super) struct Depot {
+    chains: Mutex<DepotChains>,
+}
+
+struct DepotChains {
+    /// The first block of the list on top of each class's stack (null: none).
+    tops: [*mut u8; NUM_CLASSES],
+    bytes: usize,
+}
+
+// SAFETY: the lists' blocks are owned by the depot and only touched under its lock.
+unsafe impl Send for DepotChains {}
+
+/// Word offsets, in the first block of a list waiting in the depot, of what the depot
+/// keeps there (word 0 links the list's next block).
+const BELOW: usize = 1;
+const LEN: usize = 2;
+const TAIL: usize = 3;
+
+impl Depot {
+    pub(super) fn new() -> Depot {
+        Depot {
+            chains: Mutex::new(DepotChains {
+                tops: [ptr::null_mut(); NUM_CLASSES],
+                bytes: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DepotChains> {
+        // Nothing panics while the lock is held; poisoned stacks are still whole.
+        match self.chains.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Takes `chain` (of `class`) onto its class's stack if the depot stays within `bound`
+    /// bytes with it; gives it back otherwise.
+    fn offer(&self, class: usize, chain: Chain, bound: usize) -> Result<(), Chain> {
+        let bytes = chain.len as usize * class_size(class);
+        let mut chains = self.lock();
+        if chains.bytes + bytes > bound || chain.head.is_null() {
+            return Err(chain);
+        }
+        let words = chain.head.cast::<usize>();
+        // SAFETY: `head` is the first block of the offered list, which the depot owns now:
+        // a block of a class (at least 64 bytes, aligned to 16), whose words 1 to 3 are
+        // free (word 0 links the list).
+        unsafe {
+            words.add(BELOW).write(chains.tops[class] as usize);
+            words.add(LEN).write(chain.len as usize);
+            words.add(TAIL).write(chain.tail as usize);
+        }
+        chains.tops[class] = chain.head;
+        chains.bytes += bytes;
+        Ok(())
+    }
+
+    /// Takes the list on top of `class`'s stack, if any.
+    fn take(&self, class: usize) -> Option<Chain> {
+        let mut chains = self.lock();
+        let chain = Self::pop(&mut chains.tops[class])?;
+        chains.bytes -= chain.len as usize * class_size(class);
+        Some(chain)
+    }
+
+    /// Pops the list on top of a stack (under the lock).
+    fn pop(top: &mut *mut u8) -> Option<Chain> {
+        let head = NonNull::new(*top)?;
+        let words = head.as_ptr().cast::<usize>();
+        // SAFETY: the top of a stack is the first block of a list the depot holds, whose
+        // words 1 to 3 `offer` wrote.
+        let (below, len, tail) = unsafe {
+            (
+                words.add(BELOW).read(),
+                words.add(LEN).read(),
+                words.add(TAIL).read(),
+            )
+        };
+        *top = below as *mut u8;
+        Some(Chain {
+            head: head.as_ptr(),
+            tail: tail as *mut u8,
+            len: len as u32,
+        })
+    }
+
+    /// Empties the depot, handing every block and its class to `each`; returns the bytes.
+    pub(super) fn drain(&self, mut each: impl FnMut(NonNull<u8>, usize)) -> usize {
+        let mut tops = {
+            let mut chains = self.lock();
+            chains.bytes = 0;
+            std::mem::replace(&mut chains.tops, [ptr::null_mut(); NUM_CLASSES])
+        };
+        let mut bytes = 0;
+        for (class, top) in tops.iter_mut().enumerate() {
+            while let Some(chain) = Self::pop(top) {
+                bytes += chain.len as usize * class_size(class);
+                chain.for_each(|block| each(block, class));
+            }
+        }
+        bytes
     }
 }
 
@@ -891,12 +1099,74 @@ impl Core {
     /// shared classes, or to the OS when they are full or the pool is closed.
     fn retire(&self, slot: NonNull<Slot>) {
         let closed = self.local.is_closed();
-        self.local.retire(slot, &self.books, |block, class| {
-            if closed {
-                self.os_free(block, super::class::class_size(class));
+        // Filled by the drain, emptied after it, both under the registry's lock.
+        let chains = std::cell::RefCell::new([Chain::EMPTY; NUM_CLASSES]);
+        self.local.retire(
+            slot,
+            &self.books,
+            |block, class| {
+                if closed {
+                    self.os_free(block, class_size(class));
+                } else {
+                    chains.borrow_mut()[class].push(block);
+                }
+            },
+            || {
+                // Each class's list goes to the depot whole while it has room, else block
+                // by block to the shared classes (and what they cannot hold to the OS).
+                let bound = self.local.bound();
+                for (class, chain) in chains
+                    .replace([Chain::EMPTY; NUM_CLASSES])
+                    .into_iter()
+                    .enumerate()
+                {
+                    if chain.len == 0 {
+                        continue;
+                    }
+                    let bytes = chain.len as usize * class_size(class);
+                    // Counted before the depot has them, so a taker never counts below 0.
+                    self.books.caching(bytes);
+                    if let Err(chain) = self.depot.offer(class, chain, bound) {
+                        self.books.uncached(bytes);
+                        chain.for_each(|block| self.release_shared(block, class_size(class)));
+                    }
+                }
+            },
+        );
+    }
+
+    /// A block of `class` (of `capacity` bytes) from the depot, if it has any: the rest of
+    /// the depot's list for that class becomes this thread's list of it (its cap raised to
+    /// hold it, within the per-thread bound), so the next requests of the class are cache
+    /// hits; what the thread cannot keep goes back to the depot or the shared classes.
+    pub(super) fn take_depot(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
+        let chain = self.depot.take(class)?;
+        let head = NonNull::new(chain.head)?;
+        // SAFETY: the chain's blocks are ours now; the first word of each links the next.
+        let next = unsafe { head.as_ptr().cast::<*mut u8>().read() };
+        let rest = Chain {
+            head: next,
+            tail: if next.is_null() {
+                ptr::null_mut()
             } else {
-                self.release_shared(block, super::class::class_size(class));
+                chain.tail
+            },
+            len: chain.len - 1,
+        };
+        self.books.uncached(capacity);
+        if let Some(first) = NonNull::new(rest.head) {
+            let bytes = rest.len as usize * capacity;
+            let kept = with_slot(self, |slot| {
+                slot.take_list(class, first, rest.len, capacity, self.local.bound())
+            });
+            if kept == Some(true) {
+                // Out of the shared count: the thread's list counts them now.
+                self.books.uncached(bytes);
+            } else if let Err(rest) = self.depot.offer(class, rest, self.local.bound()) {
+                self.books.uncached(bytes);
+                rest.for_each(|block| self.release_shared(block, capacity));
             }
-        });
+        }
+        Some(head)
     }
 }

@@ -11,8 +11,10 @@
 //! unlimited), so a loop that frees and reallocates the same shapes, a thousand blocks at a
 //! time, touches neither the OS, nor a lock, nor a cache line another thread writes. What
 //! does not fit goes to the shared classes, [`SLOTS_PER_CLASS`] blocks each in a lock-free
-//! [`Slots`], and the rest back to the OS. A thread's cache goes back to the shared classes
-//! when the thread exits, and every thread's cache is recalled (to the OS) by [`Pool::trim`],
+//! [`Slots`], and the rest back to the OS. A thread's cache goes back to the pool when the
+//! thread exits: its lists whole into the depot (`local::Depot`, up to one thread's bound),
+//! where the next thread that misses in a class takes one list over whole; the rest to the
+//! shared classes. Every thread's cache is recalled (to the OS) by [`Pool::trim`],
 //! by a limit lowered below use, and at a limit before a request fails. The statistics are
 //! summed from per-thread tallies when read, so they are exact when no request is in flight.
 //!
@@ -58,7 +60,7 @@ pub use class::MAX_ALIGN;
 pub use stats::{PoolStats, Usage};
 
 use class::{cached_class, class_size, fit, invalid, NO_CLASS, NUM_CLASSES};
-use local::Registry;
+use local::{Depot, Registry};
 use os::thread_id;
 use reclaim::Reclaimers;
 use stats::Books;
@@ -94,6 +96,8 @@ struct Core {
     classes: Box<[Slots<SLOTS_PER_CLASS>]>,
     books: Books,
     local: Registry,
+    /// Whole lists exited threads left (see `local::Depot`).
+    depot: Depot,
     rss_hint: AtomicUsize,
     os_since_rss: AtomicUsize,
     reclaimers: Reclaimers,
@@ -291,6 +295,11 @@ impl Pool {
                 // lets the cache keep one when it comes back.
                 local::with_slot(core, |slot| slot.take(c, capacity, &core.local));
             }
+        }
+        if let Some(ptr) = class.and_then(|c| core.take_depot(c, capacity)) {
+            core.count_live(capacity, usage, true);
+            self.prepare(ptr, capacity, zeroed, false);
+            return Ok(ptr);
         }
         let (ptr, fresh) = match class.and_then(|c| core.take_shared(c, capacity)) {
             Some(ptr) => (ptr, false),
@@ -560,6 +569,7 @@ impl Core {
             classes: (0..NUM_CLASSES).map(|_| Slots::default()).collect(),
             books: Books::new(),
             local: Registry::new(thread_cache_bound(limits.max_bytes)),
+            depot: Depot::new(),
             rss_hint: AtomicUsize::new(physical_bytes()),
             os_since_rss: AtomicUsize::new(0),
             reclaimers: Reclaimers::new(),
@@ -693,7 +703,11 @@ impl Core {
 
     /// Returns the blocks of the shared slots to the OS.
     fn trim_shared(&self) -> usize {
-        let mut released = 0;
+        let mut released = self.depot.drain(|block, class| {
+            let capacity = class_size(class);
+            self.books.uncached(capacity);
+            self.os_free(block, capacity);
+        });
         for (class, slots) in self.classes.iter().enumerate() {
             let capacity = class_size(class);
             while let Some(ptr) = slots.pop() {

@@ -106,6 +106,7 @@ fn register_process_barrier() -> bool {
 
 /// Whether the process-wide barrier is registered (after [`prepare_barrier`]); a thread's
 /// cache keeps the answer beside its flags, so its barrier reads no global.
+#[cfg_attr(ndmem_loom, allow(dead_code))]
 pub(super) fn has_process_barrier() -> bool {
     PROCESS_BARRIER.load(std::sync::atomic::Ordering::Relaxed) == 1
 }
@@ -125,6 +126,7 @@ pub(super) fn light_barrier() {
 
 /// Whether a thread may use [`light_barrier`] against [`heavy_barrier`]: always where the
 /// light side fences for itself; on Linux once the process-wide barrier is registered.
+#[cfg_attr(ndmem_loom, allow(dead_code))]
 pub(super) fn light_barrier_usable() -> bool {
     cfg!(not(all(target_os = "linux", not(miri)))) || has_process_barrier()
 }
