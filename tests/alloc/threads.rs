@@ -182,6 +182,24 @@ fn threads_that_start_together_each_find_a_list_left_for_them() {
     assert_eq!(s.used_bytes, 2 * BLOCKS * 1024);
 }
 
+/// A lower limit lowers what a thread may keep, and what waits for the next thread with it:
+/// the depot's lists go to the shared classes (16 a class) and the OS.
+#[test]
+fn a_lower_bound_empties_what_waits_for_the_next_thread() {
+    const BLOCK: usize = 64 << 10;
+    let pool = pool_with(64 * MIB);
+    on_a_fresh_thread(&pool, |pool| cache_blocks(pool, 48, BLOCK));
+    assert_eq!(pool.stats().cached_bytes, 48 * BLOCK);
+    pool.set_max_bytes(Some(32 * MIB)).unwrap();
+    let s = pool.stats();
+    assert_eq!(
+        s.cached_bytes,
+        16 * BLOCK,
+        "only the shared slots keep blocks"
+    );
+    assert_eq!(s.used_bytes, 16 * BLOCK);
+}
+
 /// What exited threads leave waiting is bounded by what one thread may keep (a quarter of
 /// the limit): past it, blocks go to the shared classes (16 a class) and the OS.
 #[test]

@@ -484,6 +484,12 @@ impl Pool {
             // The threads' caps were learned under the higher bound: they start again.
             core.local
                 .recall(|block, class| core.release_shared(block, class_size(class)));
+            // And what waits in the depot, which the old bound bounded.
+            core.depot.drain(|block, class| {
+                let capacity = class_size(class);
+                core.books.uncached(capacity);
+                core.release_shared(block, capacity);
+            });
         }
         *core
             .bytes_knob
