@@ -849,14 +849,14 @@ impl Depot {
         if chains.bytes + bytes > bound || chain.head.is_null() {
             return Err(chain);
         }
-        let words = chain.head.cast::<usize>();
+        let words = chain.head.cast::<*mut u8>();
         // SAFETY: `head` is the first block of the offered list, which the depot owns now:
         // a block of a class (at least 64 bytes, aligned to 16), whose words 1 to 3 are
-        // free (word 0 links the list).
+        // free (word 0 links the list). Pointers are stored as pointers (provenance kept).
         unsafe {
-            words.add(BELOW).write(chains.tops[class] as usize);
-            words.add(LEN).write(chain.len as usize);
-            words.add(TAIL).write(chain.tail as usize);
+            words.add(BELOW).write(chains.tops[class]);
+            words.add(LEN).cast::<usize>().write(chain.len as usize);
+            words.add(TAIL).write(chain.tail);
         }
         chains.tops[class] = chain.head;
         chains.bytes += bytes;
@@ -874,20 +874,20 @@ impl Depot {
     /// Pops the list on top of a stack (under the lock).
     fn pop(top: &mut *mut u8) -> Option<Chain> {
         let head = NonNull::new(*top)?;
-        let words = head.as_ptr().cast::<usize>();
+        let words = head.as_ptr().cast::<*mut u8>();
         // SAFETY: the top of a stack is the first block of a list the depot holds, whose
         // words 1 to 3 `offer` wrote.
         let (below, len, tail) = unsafe {
             (
                 words.add(BELOW).read(),
-                words.add(LEN).read(),
+                words.add(LEN).cast::<usize>().read(),
                 words.add(TAIL).read(),
             )
         };
-        *top = below as *mut u8;
+        *top = below;
         Some(Chain {
             head: head.as_ptr(),
-            tail: tail as *mut u8,
+            tail,
             len: len as u32,
         })
     }
