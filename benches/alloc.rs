@@ -35,9 +35,10 @@
 //! - `pool_cycle1000_1t/<impl>/<size>` and `pool_cycle1000_2t/...`: 1,000 blocks
 //!   allocated (first and last byte written), then all freed; time per block. Minor page
 //!   faults per allocation of these cycles after one warm-up cycle are printed first. At 2
-//!   threads every sample starts two new threads, so the pool's figure includes warming
-//!   their caches (a thread's cache goes to the shared classes, 16 blocks each, when it
-//!   exits).
+//!   threads every sample starts two new threads, so the pool's figure includes their
+//!   first cycle (each takes over a list the last sample's threads left in the pool's
+//!   depot when they exited). Both variants free their blocks where they lie, not after a
+//!   copy of the array (the pool's holds 40-byte `Block`s, the anchors' 8-byte pointers).
 //!
 //! Run: `cargo bench --bench alloc -- --warm-up-time 1 --measurement-time 3`.
 
