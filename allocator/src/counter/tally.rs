@@ -37,10 +37,10 @@
 //! either after 4096 operations of its kind (a full publication). The high-water mark is
 //! kept by the frees: the cell only falls between two of them, so its lowest value since
 //! a publication is its value just before one of them (or now), and a free notes it
-//! (`low`) before it gives its bytes back; the allocation path does not touch it. Because the cell holds at
-//! most `2 x target <= 128 KiB`, the net cannot move by more than that between cold paths,
-//! which is where the net's own bounds (publish at 4 MiB, or at 256 KiB after 64
-//! operations) are checked. The freed bytes are not counted on the hot path at all:
+//! (`low`) before it gives its bytes back; the allocation path does not touch it. Because
+//! the cell holds at most `2 x target <= 128 KiB`, the net cannot move by more than that
+//! between cold paths, which is where the net's own bounds (publish at 4 MiB, or at 256
+//! KiB after 64 operations) are checked. The freed bytes are not counted on the hot path at all:
 //! between publications they are `allocated - published net`.
 
 use std::cell::Cell;
@@ -456,11 +456,7 @@ impl Tally {
     /// thread must [`settle`](Tally::settle) (after the memory is given back).
     #[inline]
     pub fn freed(&self, size: usize) -> bool {
-        let budget = self.budget.get();
-        if budget < self.low.get() {
-            self.low.set(budget);
-        }
-        let budget = budget + size as isize;
+        let budget = self.note_low() + size as isize;
         self.budget.set(budget);
         let left = self.frees_left.get() - 1;
         self.frees_left.set(left);
@@ -522,9 +518,7 @@ impl Tally {
     #[inline]
     pub fn reallocated(&self, old: usize, new: usize) -> bool {
         self.allocated.set(self.allocated.get() + new as u64);
-        let budget = self.budget.get();
-        self.low.set(self.low.get().min(budget));
-        let budget = budget + old.saturating_sub(new) as isize;
+        let budget = self.note_low() + old.saturating_sub(new) as isize;
         self.budget.set(budget);
         let reallocs = self.reallocs.get() + 1;
         self.reallocs.set(reallocs);
@@ -719,6 +713,16 @@ impl Tally {
         if release != 0 {
             ledger.budget.release(release);
         }
+    }
+
+    /// Before the cell rises: notes its level as the low if it is one; returns the level.
+    #[inline(always)]
+    fn note_low(&self) -> isize {
+        let budget = self.budget.get();
+        if budget < self.low.get() {
+            self.low.set(budget);
+        }
+        budget
     }
 
     /// Moves `bytes` of budget into (positive) or out of the cell, leaving the net alone.

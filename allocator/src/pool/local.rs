@@ -47,9 +47,10 @@
 //!   forbids the call, every thread uses the shared classes). Elsewhere the owner fences.
 //! - A slot's tally and hit counters are written by its owner alone (plain loads and
 //!   stores of atomics, no read-modify-write) and read by others under the registry's lock.
-//!   A hit writes one counter, of its class and usage: its bytes are the class's size. A thread that exits
-//!   folds its tally into the pool's books and removes its slot under that same lock, so a
-//!   sum taken under the lock counts every operation that is not in flight exactly once.
+//!   A hit writes one counter, of its class and usage: its bytes are the class's size. A
+//!   thread that exits folds its tally into the pool's books and removes its slot under
+//!   that same lock, so a sum taken under the lock counts every operation that is not in
+//!   flight exactly once.
 //! - Lifetimes: a thread's entry for a pool holds an `Arc` of the pool's core, so the core
 //!   (registry, budget, shared classes) outlives the slot; a slot is freed only by its owner
 //!   thread (at exit, or when it prunes the entries of dropped pools), after it left the
@@ -404,13 +405,13 @@ impl Slot {
         lists.caps = [0; LISTS];
         lists.capped = 0;
         for (class, head) in lists.heads.iter_mut().enumerate() {
-            let mut next = std::mem::replace(head, ptr::null_mut());
-            while let Some(block) = NonNull::new(next) {
-                // SAFETY: a listed block holds the next block of its list in its first word;
-                // it is read before the block is handed to `each`.
-                next = unsafe { block.as_ptr().cast::<*mut u8>().read() };
-                each(block, class);
-            }
+            // SAFETY: a listed block holds the next block of its list in its first word, and
+            // the recaller owns the list (the handshake).
+            unsafe {
+                walk(std::mem::replace(head, ptr::null_mut()), |block| {
+                    each(block, class)
+                })
+            };
         }
         self.recall.store(0, Ordering::Release);
         bytes
@@ -547,14 +548,16 @@ impl Slot {
         // Frees are read before allocations: a free follows its allocation, so no live
         // figure reads below what it is for want of an allocation read too early.
         let mut freed: [u64; 4] = std::array::from_fn(|i| t.freed[i].load(Ordering::Relaxed));
-        let mut deallocations = t.deallocations.load(Ordering::Relaxed);
-        let kept = hits(&self.kept, &mut freed);
-        deallocations = deallocations.wrapping_add(kept);
+        let deallocations = t
+            .deallocations
+            .load(Ordering::Relaxed)
+            .wrapping_add(hits(&self.kept, &mut freed));
         let mut allocated: [u64; 4] =
             std::array::from_fn(|i| t.allocated[i].load(Ordering::Relaxed));
-        let mut allocations = t.allocations.load(Ordering::Relaxed);
-        let taken = hits(&self.taken, &mut allocated);
-        allocations = allocations.wrapping_add(taken);
+        let allocations = t
+            .allocations
+            .load(Ordering::Relaxed)
+            .wrapping_add(hits(&self.taken, &mut allocated));
         Figures {
             allocated: allocated.iter().fold(0, |a, b| a.wrapping_add(*b)),
             freed: freed.iter().fold(0, |a, b| a.wrapping_add(*b)),
@@ -584,7 +587,7 @@ fn hits(counters: &[AtomicU64; HITS], bytes: &mut [u64; 4]) -> u64 {
     let mut count = 0u64;
     for class in 0..NUM_CLASSES {
         for (usage, bytes) in bytes.iter_mut().enumerate() {
-            let n = counters[list(class) << 2 | usage].load(Ordering::Relaxed);
+            let n = counters[hit(class, Usage::from_index(usage))].load(Ordering::Relaxed);
             if n != 0 {
                 count = count.wrapping_add(n);
                 *bytes = bytes.wrapping_add(n.wrapping_mul(class_size(class) as u64));
@@ -749,19 +752,34 @@ impl Registry {
     }
 }
 
-/// A list of blocks of one class, linked through their first words: its first and last
-/// block and its length.
+/// Hands every block of the list linked from `head` through the blocks' first words to
+/// `each`, reading each link before the block is handed on.
+///
+/// # Safety
+///
+/// Every block of the list is a pool block of a class, owned by the caller, whose first
+/// word links the next (null at the end).
+unsafe fn walk(head: *mut u8, mut each: impl FnMut(NonNull<u8>)) {
+    let mut next = head;
+    while let Some(block) = NonNull::new(next) {
+        // SAFETY: the caller's guarantee: the block's first word links the next.
+        next = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+        each(block);
+    }
+}
+
+/// A list of blocks of one class, linked through their first words: its first block and
+/// its length.
 #[derive(Clone, Copy)]
 struct Chain {
     head: *mut u8,
-    tail: *mut u8,
     len: u32,
 }
 
 impl Chain {
+    #[cfg_attr(ndmem_loom, allow(dead_code))]
     const EMPTY: Chain = Chain {
         head: ptr::null_mut(),
-        tail: ptr::null_mut(),
         len: 0,
     };
 
@@ -771,22 +789,14 @@ impl Chain {
         // SAFETY: a pool block of a class is at least 64 bytes, aligned to 16, and owned by
         // the caller: its first word is ours to overwrite with the link.
         unsafe { block.as_ptr().cast::<*mut u8>().write(self.head) };
-        if self.head.is_null() {
-            self.tail = block.as_ptr();
-        }
         self.head = block.as_ptr();
         self.len += 1;
     }
 
     /// Hands every block to `each`, in order.
-    fn for_each(self, mut each: impl FnMut(NonNull<u8>)) {
-        let mut next = self.head;
-        while let Some(block) = NonNull::new(next) {
-            // SAFETY: a chained block holds the next block in its first word; it is read
-            // before the block is handed on.
-            next = unsafe { block.as_ptr().cast::<*mut u8>().read() };
-            each(block);
-        }
+    fn for_each(self, each: impl FnMut(NonNull<u8>)) {
+        // SAFETY: a chain owns its blocks, each linking the next through its first word.
+        unsafe { walk(self.head, each) };
     }
 }
 
@@ -802,8 +812,8 @@ impl Chain {
 ///
 /// The stacks are linked through the blocks themselves (no allocation): the first block of
 /// a list waiting in the depot holds, after its link to the next block of its list, the
-/// first block of the next list down the stack, its list's length and its list's last
-/// block (a block of a class has at least 64 bytes).
+/// first block of the next list down the stack and its list's length (a block of a class
+/// has at least 64 bytes).
 pub(super) struct Depot {
     chains: Mutex<DepotChains>,
 }
@@ -821,7 +831,6 @@ unsafe impl Send for DepotChains {}
 /// keeps there (word 0 links the list's next block).
 const BELOW: usize = 1;
 const LEN: usize = 2;
-const TAIL: usize = 3;
 
 impl Depot {
     pub(super) fn new() -> Depot {
@@ -851,12 +860,11 @@ impl Depot {
         }
         let words = chain.head.cast::<*mut u8>();
         // SAFETY: `head` is the first block of the offered list, which the depot owns now:
-        // a block of a class (at least 64 bytes, aligned to 16), whose words 1 to 3 are
-        // free (word 0 links the list). Pointers are stored as pointers (provenance kept).
+        // a block of a class (at least 64 bytes, aligned to 16), whose words 1 and 2 are
+        // free (word 0 links the list). The link is stored as a pointer (provenance kept).
         unsafe {
             words.add(BELOW).write(chains.tops[class]);
             words.add(LEN).cast::<usize>().write(chain.len as usize);
-            words.add(TAIL).write(chain.tail);
         }
         chains.tops[class] = chain.head;
         chains.bytes += bytes;
@@ -876,18 +884,16 @@ impl Depot {
         let head = NonNull::new(*top)?;
         let words = head.as_ptr().cast::<*mut u8>();
         // SAFETY: the top of a stack is the first block of a list the depot holds, whose
-        // words 1 to 3 `offer` wrote.
-        let (below, len, tail) = unsafe {
+        // words 1 and 2 `offer` wrote.
+        let (below, len) = unsafe {
             (
                 words.add(BELOW).read(),
                 words.add(LEN).cast::<usize>().read(),
-                words.add(TAIL).read(),
             )
         };
         *top = below;
         Some(Chain {
             head: head.as_ptr(),
-            tail,
             len: len as u32,
         })
     }
@@ -1146,11 +1152,6 @@ impl Core {
         let next = unsafe { head.as_ptr().cast::<*mut u8>().read() };
         let rest = Chain {
             head: next,
-            tail: if next.is_null() {
-                ptr::null_mut()
-            } else {
-                chain.tail
-            },
             len: chain.len - 1,
         };
         self.books.uncached(capacity);
