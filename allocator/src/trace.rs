@@ -354,6 +354,9 @@ pub fn start(capacity: usize) -> Result<(), RingRefused> {
     }
     GENERATION.fetch_add(1, Ordering::Release);
     ON.store(true, Ordering::Release);
+    // The pools' thread caches test nothing of the recorder on their hit paths: they are
+    // sent to the slow paths, which record (after the switch, so that they see it on).
+    crate::pool::recorder_started();
     Ok(())
 }
 

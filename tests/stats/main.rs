@@ -332,6 +332,73 @@ fn the_trace_of_a_scripted_workload_has_exactly_the_expected_events() {
 }
 
 #[test]
+fn the_recorder_sees_every_operation_of_thread_caches_warmed_before_it_started() {
+    // The cache hit paths test nothing of the recorder: its start sends every thread's
+    // cache of every pool to the slow paths, which record. Two threads (this one and
+    // another) warm their caches first, so their pairs are hits until the recorder starts.
+    let _lock = trace_lock();
+    let pool = Pool::new(Limits::unlimited());
+    const PAIRS: usize = 50;
+    let pairs = |pool: &Pool| {
+        for _ in 0..PAIRS {
+            drop(pool.allocate(256, 16).unwrap());
+        }
+    };
+    let warmed = Barrier::new(2);
+    let started = Barrier::new(2);
+    let (other, mine) = std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            pairs(&pool);
+            warmed.wait();
+            started.wait();
+            pairs(&pool);
+            trace::thread_id()
+        });
+        pairs(&pool);
+        let hits = pool.stats().cache_hits;
+        pairs(&pool);
+        assert_eq!(
+            pool.stats().cache_hits - hits,
+            PAIRS as u64,
+            "warm: every pair a hit"
+        );
+        warmed.wait();
+        trace::start(1 << 12).unwrap();
+        started.wait();
+        pairs(&pool);
+        (other.join().unwrap(), trace::thread_id())
+    });
+    trace::stop();
+    for thread in [mine, other] {
+        let events: Vec<_> = trace::events()
+            .into_iter()
+            .filter(|e| e.thread == thread && e.space == Space::Pool && e.bytes == 256)
+            .map(|e| e.kind)
+            .collect();
+        let allocs = events.iter().filter(|k| **k == EventKind::Alloc).count();
+        let frees = events.iter().filter(|k| **k == EventKind::Free).count();
+        assert_eq!(
+            (allocs, frees),
+            (PAIRS, PAIRS),
+            "thread {thread}: {events:?}"
+        );
+    }
+    // Stopped, the hit paths serve again, unrecorded.
+    let (hits, recorded) = (pool.stats().cache_hits, trace::events().len());
+    pairs(&pool);
+    assert_eq!(
+        pool.stats().cache_hits - hits,
+        PAIRS as u64,
+        "hits after the stop"
+    );
+    assert_eq!(
+        trace::events().len(),
+        recorded,
+        "nothing recorded after the stop"
+    );
+}
+
+#[test]
 fn a_free_event_carries_the_pool_bytes_after_the_free() {
     // Semantics §7: each event carries the figure after it. A block above 1 GiB is never
     // cached: its free gives the bytes back to the OS, and the event says so.

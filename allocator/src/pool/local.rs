@@ -51,6 +51,15 @@
 //!   thread that exits folds its tally into the pool's books and removes its slot under
 //!   that same lock, so a sum taken under the lock counts every operation that is not in
 //!   flight exactly once.
+//! - The hit paths hold no test of the recorder: while it is on, every listed slot's
+//!   `rise` is `isize::MIN` and its `gate` `isize::MAX`, so each operation takes the
+//!   general path, which records it. The recorder's start switches it on and then forces
+//!   both thresholds of every slot of every pool (each under its registry's lock, with
+//!   release stores); the general path sets them back from the recorder's state with a
+//!   compare-exchange (acquire), so it never overwrites a forcing store it has not seen the
+//!   switch of, and a slot starts forced and is set from the recorder's state only after it
+//!   is listed. An operation in flight when the recorder starts may go unrecorded, as with
+//!   any test of a flag.
 //! - Lifetimes: a thread's entry for a pool holds an `Arc` of the pool's core, so the core
 //!   (registry, budget, shared classes) outlives the slot; a slot is freed only by its owner
 //!   thread (at exit, or when it prunes the entries of dropped pools), after it left the
@@ -128,8 +137,14 @@ pub(super) struct Slot {
     /// The owner's live bytes above which it must publish towards the peak (a new high, or
     /// a batch above what it last published); lowered to `isize::MIN` by a peak reset, so
     /// the owner's next allocation starts its high again. Written by the owner with a
-    /// compare-exchange, so a reset is never overwritten.
+    /// compare-exchange, so a reset is never overwritten. `isize::MIN` while the recorder
+    /// is on (every allocation takes the general path, which records it).
     rise: AtomicIsize,
+    /// The owner's live bytes below which a free leaves the hit path: [`Mark::fall`], or
+    /// `isize::MAX` while the recorder is on (every free takes the general path, which
+    /// records it). Written by the owner with a compare-exchange, so that a store of the
+    /// recorder's start is never overwritten.
+    gate: AtomicIsize,
     /// 1 while the owner is inside (takes or keeps a block).
     busy: AtomicUsize,
     /// 1 while a recaller wants in or is inside.
@@ -216,8 +231,11 @@ impl Tally {
 impl Slot {
     fn new(epoch: u64) -> Slot {
         Slot {
-            // The first allocation publishes (a new high from nothing).
-            rise: AtomicIsize::new(0),
+            // The first allocation publishes (a new high from nothing), and the first free
+            // takes the general path: both set the thresholds from the recorder's state
+            // once the slot is listed (see the module invariant).
+            rise: AtomicIsize::new(isize::MIN),
+            gate: AtomicIsize::new(isize::MAX),
             busy: AtomicUsize::new(0),
             recall: AtomicUsize::new(0),
             lists: UnsafeCell::new(Lists {
@@ -441,8 +459,9 @@ impl Slot {
     }
 
     /// Owner: the live bytes passed `rise`: a new high since the last reset (whose epoch
-    /// is checked here), or a batch above what was published. Publishes and sets the next
-    /// `rise`, unless a reset lowered it meanwhile (then this runs again).
+    /// is checked here), or a batch above what was published, or the recorder is (or was)
+    /// on. Publishes and sets the next `rise` (and the gate), unless a reset or the
+    /// recorder's start lowered it meanwhile (then this runs again).
     #[cold]
     fn rose(&self, m: &mut Mark, registry: &Registry, books: &Books) {
         loop {
@@ -460,15 +479,57 @@ impl Slot {
                 m.published = m.level;
                 m.fall = fall_below(m.level);
             }
-            let next = m.high.min(m.published + PEAK_BATCH);
+            let on = crate::trace::is_on();
+            let next = if on {
+                isize::MIN
+            } else {
+                m.high.min(m.published + PEAK_BATCH)
+            };
+            // Acquire: if this replaces the recorder's store (of the value seen), the
+            // recorder's switch is seen below, and the loop forces `rise` again.
             if self
                 .rise
-                .compare_exchange(seen, next, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
+                && (on || !crate::trace::is_on())
+            {
+                self.arm(m);
+                return;
+            }
+        }
+    }
+
+    /// Owner: sets the gate of the free's hit path from `m` and the recorder's state,
+    /// unless the recorder's start forced it meanwhile (then this runs again, and sees the
+    /// recorder on).
+    #[cold]
+    fn arm(&self, m: &Mark) {
+        loop {
+            let seen = self.gate.load(Ordering::Relaxed);
+            let on = crate::trace::is_on();
+            let want = if on { isize::MAX } else { m.fall };
+            // Leaving a gate as it is overwrites nothing.
+            if seen == want {
+                return;
+            }
+            // Acquire: as in `rose`.
+            if self
+                .gate
+                .compare_exchange(seen, want, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+                && (on || !crate::trace::is_on())
             {
                 return;
             }
         }
+    }
+
+    /// Recorder, holding the registry's lock, after it switched on: sends every operation
+    /// of the owner to the general path, which records it (see the module invariant).
+    fn force(&self) {
+        // Release: the owner that sees either sees the recorder on.
+        self.rise.store(isize::MIN, Ordering::Release);
+        self.gate.store(isize::MAX, Ordering::Release);
     }
 
     /// Owner: [`Slot::take`] and [`Slot::live`] (a hit) of a block of `class` and `bytes`
@@ -506,7 +567,7 @@ impl Slot {
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         let level = m.level - bytes as isize;
-        if level < m.fall || !self.keep(class, block) {
+        if level < self.gate.load(Ordering::Relaxed) || !self.keep(class, block) {
             return false;
         }
         debug_assert_eq!(bytes, class_size(class));
@@ -525,6 +586,7 @@ impl Slot {
         if m.level < m.fall {
             self.fell(m, books);
         }
+        self.arm(m);
     }
 
     /// Owner: the live bytes fell a batch below what was published: publishes, and lowers
@@ -713,6 +775,16 @@ impl Registry {
             // SAFETY: as above.
             .map(|listed| unsafe { listed.0.as_ref() }.drain(&mut each))
             .sum()
+    }
+
+    /// The recorder switched on: every listed slot sends its owner's operations to the
+    /// general path, which records them. A slot listed after this sees the recorder on
+    /// (the lock orders its listing after this).
+    pub(super) fn force_all(&self) {
+        for listed in self.lock().iter() {
+            // SAFETY: a listed slot is alive while the lock is held.
+            unsafe { listed.0.as_ref() }.force();
+        }
     }
 
     /// The pool is being dropped: empties every slot (see [`Registry::recall`]) and marks

@@ -120,6 +120,28 @@ impl fmt::Debug for Pool {
 #[cfg(not(ndmem_loom))]
 static GLOBAL: OnceLock<Pool> = OnceLock::new();
 
+/// Every pool made (its core; a dropped pool's entry is pruned at the next pool's making),
+/// for the recorder's start to reach their thread caches.
+#[cfg(not(ndmem_loom))]
+static CORES: std::sync::Mutex<Vec<std::sync::Weak<Core>>> = std::sync::Mutex::new(Vec::new());
+
+/// The recorder switched on: every thread cache of every pool sends its owner's operations
+/// to the slow paths, which record them (the hit paths test nothing of the recorder; see
+/// `local`'s module invariant). Called by [`crate::trace::start`] after the switch.
+pub(crate) fn recorder_started() {
+    #[cfg(not(ndmem_loom))]
+    {
+        // Under the lock, allocating nothing (the heap may be at its limit). A pool whose
+        // last handle drops meanwhile is dropped here; its drop takes no lock of this list.
+        let cores = CORES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for core in cores.iter().filter_map(std::sync::Weak::upgrade) {
+            core.local.force_all();
+        }
+    }
+}
+
 impl Pool {
     /// The process-wide pool, with limits from `NDMEM_MAX_BYTES` and
     /// `NDMEM_MAX_PHYSICAL_BYTES` (semantics §1).
@@ -140,9 +162,7 @@ impl Pool {
             core.config_error = error;
             core.bytes_variable = ENV_MAX_BYTES;
             core.physical_variable = ENV_MAX_PHYSICAL_BYTES;
-            Pool {
-                core: Arc::new(core),
-            }
+            Pool::listed(core)
         })
     }
 
@@ -158,9 +178,24 @@ impl Pool {
 
     /// An independent pool with its own limits and cache (tests, embedding).
     pub fn new(limits: Limits) -> Pool {
-        Pool {
-            core: Arc::new(Core::new(limits)),
+        Pool::listed(Core::new(limits))
+    }
+
+    /// A pool of `core`, listed among the pools the recorder's start reaches
+    /// ([`recorder_started`]).
+    fn listed(core: Core) -> Pool {
+        let core = Arc::new(core);
+        #[cfg(not(ndmem_loom))]
+        {
+            let mut cores = CORES
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The entries of dropped pools go first, so the list holds the live ones only
+            // (and what the recorder walks stays short).
+            cores.retain(|c| c.strong_count() > 0);
+            cores.push(Arc::downgrade(&core));
         }
+        Pool { core }
     }
 
     /// A block of at least `size` bytes aligned to `align` (a power of two up to 4096).
@@ -245,7 +280,13 @@ impl Pool {
         }
         let ptr = match cached {
             Some(ptr) => {
-                self.prepare(ptr, fit.capacity, zeroed, false);
+                // No recording here: a hit never happens while the recorder is on (the
+                // slot's thresholds send every allocation to the slow path then).
+                if zeroed {
+                    // SAFETY: `ptr` is a block of `fit.capacity` writable bytes that this
+                    // allocation owns alone (taken off this thread's list above).
+                    unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, fit.capacity) };
+                }
                 ptr
             }
             None => self.allocate_slow(size, fit.capacity, fit.class, usage, zeroed)?,
@@ -352,8 +393,10 @@ impl Pool {
     #[inline(always)]
     fn release(&self, ptr: NonNull<u8>, capacity: usize, class: u8, usage: Usage) {
         let core = &*self.core;
-        // The fast path: no call, so the caller's frame stays as small as the work.
-        if class != NO_CLASS && !crate::trace::is_on() {
+        // The fast path: no call, so the caller's frame stays as small as the work. No test
+        // of the recorder: while it is on, the slot's gate sends every free to the slow
+        // path.
+        if class != NO_CLASS {
             if let Some(slot) = local::cached_slot(core) {
                 // SAFETY: `cached_slot` names this thread's live slot for `core`, which
                 // only this thread removes, and not during this call.
