@@ -38,7 +38,7 @@
 //!   threads every sample starts two new threads, so the pool's figure includes their
 //!   first cycle (each takes over a list the last sample's threads left in the pool's
 //!   depot when they exited). Both variants free their blocks where they lie, not after a
-//!   copy of the array (the pool's holds 40-byte `Block`s, the anchors' 8-byte pointers).
+//!   copy of the array (the pool's holds 24-byte `Block`s, the anchors' 8-byte pointers).
 //!
 //! Run: `cargo bench --bench alloc -- --warm-up-time 1 --measurement-time 3`.
 

@@ -51,14 +51,22 @@ fn phys_pages() -> libc::c_long {
     (16 << 30) / 4096
 }
 
-/// The size of a virtual-memory page in bytes.
+/// The size of a virtual-memory page in bytes (asked of the OS once, then cached).
 pub fn page_size() -> usize {
-    // SAFETY: sysconf only reads a system constant.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size)
-        .ok()
-        .filter(|s| *s > 0)
-        .unwrap_or(4096)
+    static PAGE: AtomicUsize = AtomicUsize::new(0);
+    match PAGE.load(Ordering::Relaxed) {
+        0 => {
+            // SAFETY: sysconf only reads a system constant.
+            let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            let size = usize::try_from(size)
+                .ok()
+                .filter(|s| *s > 0)
+                .unwrap_or(4096);
+            PAGE.store(size, Ordering::Relaxed);
+            size
+        }
+        size => size,
+    }
 }
 
 /// Under Miri, which isolates the program from the file system: no procfs, so the RSS is

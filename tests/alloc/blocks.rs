@@ -30,3 +30,31 @@ fn zeroed_blocks_are_zero_even_when_reused() {
         assert!(clean.as_slice().iter().all(|b| *b == 0), "{size}");
     }
 }
+
+#[test]
+fn a_block_is_three_words_and_knows_its_length_capacity_and_usage() {
+    use ndmem_alloc::{Block, Usage};
+    // Pointer, pool, and one word packing the length, the usage and the class: an array
+    // of blocks is three words a block, and an empty slot of `Option<Block>` costs none.
+    assert_eq!(size_of::<Block<'_>>(), 3 * size_of::<usize>());
+    assert_eq!(size_of::<Option<Block<'_>>>(), 3 * size_of::<usize>());
+    let pool = pool_with(256 * MIB);
+    let page = 4096;
+    for (size, usage) in [
+        (1, Usage::Tensor),
+        (100, Usage::Workspace),
+        (64 << 10, Usage::Mirror),
+        (300_000, Usage::Other),
+        (3 * MIB + 5, Usage::Tensor),
+        (256 * MIB - page, Usage::Workspace),
+    ] {
+        let live = pool.stats().live_bytes;
+        let block = pool.allocate_for(size, 16, usage).unwrap();
+        assert_eq!((block.len(), block.usage()), (size, usage));
+        // The capacity the block reports is what the pool counted live for it.
+        assert_eq!(pool.stats().live_bytes - live, block.capacity(), "{size}");
+        assert!(block.capacity() >= size, "{size}");
+        drop(block);
+        assert_eq!(pool.stats().live_bytes, live, "{size}: given back whole");
+    }
+}

@@ -16,14 +16,28 @@ use super::{Pool, Usage};
 /// A block of pool memory; dropping it gives it back to the pool.
 pub struct Block<'p> {
     ptr: NonNull<u8>,
-    len: usize,
-    capacity: usize,
     pool: &'p Pool,
-    /// The class of `capacity` (kept so the free path need not work it out again) in the
-    /// low byte, the usage's index above it: one word, so that moving a `Block` copies
-    /// whole words (byte fields written apart and read back as a word stall the CPU's
-    /// store forwarding on the allocation fast path).
-    tag: usize,
+    /// The length above [`LEN_SHIFT`], the usage's index in bits 8 and 9, and the class
+    /// (kept so the free path need not work it out again) in the low byte: one word, so
+    /// that moving a `Block` copies whole words (byte fields written apart and read back as
+    /// a word stall the CPU's store forwarding on the allocation fast path). The capacity
+    /// follows from the class and the length ([`capacity_of`]).
+    packed: usize,
+}
+
+/// Where a block's length starts in [`Block`]'s packed word: lengths up to 2^54 bytes
+/// (16 PiB) fit, and requests for more are refused ([`super::class::BEYOND_ANY_BLOCK`](super::class)).
+pub(super) const LEN_SHIFT: u32 = 10;
+
+/// The capacity of a block of `class` (or [`super::class::NO_CLASS`]) and length `len`:
+/// the class's size, or the length rounded to the page.
+#[inline(always)]
+fn capacity_of(class: u8, len: usize) -> usize {
+    if class != super::class::NO_CLASS {
+        super::class::class_size(usize::from(class))
+    } else {
+        len.next_multiple_of(crate::physical::page_size())
+    }
 }
 
 // SAFETY: a Block owns its memory exclusively (like a Box<[u8]>), and the pool it returns
@@ -52,12 +66,12 @@ impl<'p> Block<'p> {
         pool: &'p Pool,
     ) -> Block<'p> {
         debug_assert!(len <= capacity);
+        debug_assert_eq!(capacity_of(class, len), capacity);
+        debug_assert!(len < 1 << (usize::BITS - LEN_SHIFT));
         Block {
             ptr,
-            len,
-            capacity,
             pool,
-            tag: usize::from(class) | usage.index() << 8,
+            packed: len << LEN_SHIFT | usage.index() << 8 | usize::from(class),
         }
     }
 
@@ -70,23 +84,23 @@ impl<'p> Block<'p> {
     /// Bytes requested.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.packed >> LEN_SHIFT
     }
 
     /// Whether the block holds no requested bytes (never true: empty blocks are refused).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Bytes the block really occupies (its size class), all usable.
     #[inline]
     pub fn capacity(&self) -> usize {
-        self.capacity
+        capacity_of(self.packed as u8, self.len())
     }
 
     /// What the block was allocated for.
     pub fn usage(&self) -> Usage {
-        Usage::from_index(self.tag >> 8)
+        Usage::from_index(self.packed >> 8 & 3)
     }
 
     /// The pool the block returns to.
@@ -99,14 +113,14 @@ impl<'p> Block<'p> {
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the block owns `capacity >= len` initialised bytes at `ptr` for its whole
         // life, and `&self` forbids concurrent mutation.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
     }
 
     /// The requested bytes, mutably.
     #[inline]
     pub fn as_slice_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
     }
 }
 
@@ -114,8 +128,8 @@ impl fmt::Debug for Block<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Block")
             .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .field("capacity", &self.capacity)
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
             .field("usage", &self.usage())
             .finish()
     }
@@ -124,8 +138,15 @@ impl fmt::Debug for Block<'_> {
 impl Drop for Block<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.pool
-            .release(self.ptr, self.capacity, self.tag as u8, self.usage());
+        let class = self.packed as u8;
+        if class != super::class::NO_CLASS {
+            let capacity = super::class::class_size(usize::from(class));
+            self.pool.release(self.ptr, capacity, class, self.usage());
+        } else {
+            // Off the inlined path: working out the capacity calls the OS for the page size.
+            self.pool
+                .release_page_block(self.ptr, self.len(), self.usage());
+        }
     }
 }
 
@@ -138,10 +159,10 @@ impl<'p> Block<'p> {
         let this = std::mem::ManuallyDrop::new(self);
         // Capacities are multiples of 16 (the classes) or of the page: the low two bits
         // carry the usage.
-        debug_assert_eq!(this.capacity & 3, 0);
+        debug_assert_eq!(this.capacity() & 3, 0);
         FreedBlock {
             ptr: this.ptr,
-            packed: this.capacity | this.usage().index(),
+            packed: this.capacity() | this.usage().index(),
             pool: this.pool,
         }
     }

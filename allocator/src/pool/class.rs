@@ -163,6 +163,9 @@ fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
     if rounded > crate::counter::UNLIMITED {
         return Err(invalid(size, align, BEYOND_ANY_POOL));
     }
+    if rounded.next_multiple_of(page_size()) >> (usize::BITS - super::block::LEN_SHIFT) != 0 {
+        return Err(invalid(size, align, BEYOND_ANY_BLOCK));
+    }
     match class_of(rounded) {
         Some(class) => Ok(Fit {
             capacity: class_size(class),
@@ -178,6 +181,12 @@ fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
 /// Why a request above 4 EiB is refused: past the largest budget there is (what an
 /// unlimited pool counts against), no limit could ever let it through.
 pub(super) const BEYOND_ANY_POOL: &str = "more than any pool can hold (4 EiB, the largest budget)";
+
+/// Why a request of 16 PiB (2^54 bytes) or more is refused: a [`super::Block`] keeps its
+/// length in 54 bits, more than any machine's memory (and than the 47 bits of address
+/// space a process has under 4-level paging).
+pub(super) const BEYOND_ANY_BLOCK: &str =
+    "more than one block can hold (16 PiB; no machine maps that much)";
 
 /// An invalid request of `size` bytes at `align`, and why.
 pub(super) fn invalid(size: usize, align: usize, reason: &'static str) -> AllocError {

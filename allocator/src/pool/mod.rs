@@ -409,6 +409,14 @@ impl Pool {
         self.release_slow(ptr, capacity, class, usage);
     }
 
+    /// [`Pool::release`] of a block of no class, of `len` requested bytes.
+    #[cold]
+    #[inline(never)]
+    fn release_page_block(&self, ptr: NonNull<u8>, len: usize, usage: Usage) {
+        let capacity = len.next_multiple_of(crate::physical::page_size());
+        self.release_slow(ptr, capacity, NO_CLASS, usage);
+    }
+
     /// [`Pool::release`] off its fast path: the thread's slot looked up in full, the
     /// statistics published if they passed their batch, and a block the thread cannot
     /// keep given to the shared classes.
