@@ -2,7 +2,9 @@
 //! obtained, release after it is given back) and [`Counter`]s (a value with its peak and
 //! running total), which both the pool's and the tracking allocator's statistics are made of;
 //! and the tracking allocator's per-thread batching of a budget ([`Tally`], [`Ledger`],
-//! [`Reserves`]: module `tally`), kept here, free of `GlobalAlloc`, so that loom runs it.
+//! [`Reserves`]: module `tally`), kept here, free of `GlobalAlloc`, so that loom runs it;
+//! and the thresholds of the pool's per-thread hit paths that other threads can force
+//! ([`Gate`]: module `gate`).
 //!
 //! Invariant of a budget: it keeps `headroom = limit - reserved` in **one** atomic word, and a
 //! reservation succeeds only through a compare-and-swap that leaves the headroom `>= 0`. So
@@ -22,8 +24,10 @@
 
 use std::fmt;
 
+mod gate;
 mod tally;
 
+pub use gate::Gate;
 pub use tally::{Counts, Ledger, Reserves, Tally};
 
 use crate::sync::{spin_loop, AtomicIsize, AtomicU64, AtomicUsize, Ordering};

@@ -55,11 +55,12 @@
 //!   `rise` is `isize::MIN` and its `gate` `isize::MAX`, so each operation takes the
 //!   general path, which records it. The recorder's start switches it on and then forces
 //!   both thresholds of every slot of every pool (each under its registry's lock, with
-//!   release stores); the general path sets them back from the recorder's state with a
-//!   compare-exchange (acquire), so it never overwrites a forcing store it has not seen the
-//!   switch of, and a slot starts forced and is set from the recorder's state only after it
-//!   is listed. An operation in flight when the recorder starts may go unrecorded, as with
-//!   any test of a flag.
+//!   release writes); the general path sets them back from the recorder's state, never
+//!   overwriting a forcing it has not seen the switch of (both are
+//!   [`Gate`](crate::counter::Gate)s: see its invariant, and the loom model `gate`), and a
+//!   slot starts forced and is set from the recorder's state only after it is listed. An
+//!   operation in flight when the recorder starts may go unrecorded, as with any test of a
+//!   flag.
 //! - Lifetimes: a thread's entry for a pool holds an `Arc` of the pool's core, so the core
 //!   (registry, budget, shared classes) outlives the slot; a slot is freed only by its owner
 //!   thread (at exit, or when it prunes the entries of dropped pools), after it left the
@@ -87,7 +88,8 @@ use super::class::{class_size, NUM_CLASSES};
 use super::os::{heavy_barrier, light_barrier};
 use super::stats::{Books, Figures};
 use super::{Core, Usage};
-use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::counter::Gate;
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
@@ -137,14 +139,13 @@ pub(super) struct Slot {
     /// The owner's live bytes above which it must publish towards the peak (a new high, or
     /// a batch above what it last published); lowered to `isize::MIN` by a peak reset, so
     /// the owner's next allocation starts its high again. Written by the owner with a
-    /// compare-exchange, so a reset is never overwritten. `isize::MIN` while the recorder
-    /// is on (every allocation takes the general path, which records it).
-    rise: AtomicIsize,
+    /// compare-exchange, so a reset is never overwritten. `isize::MIN` (forced) while the
+    /// recorder is on (every allocation takes the general path, which records it).
+    rise: Gate,
     /// The owner's live bytes below which a free leaves the hit path: [`Mark::fall`], or
-    /// `isize::MAX` while the recorder is on (every free takes the general path, which
-    /// records it). Written by the owner with a compare-exchange, so that a store of the
-    /// recorder's start is never overwritten.
-    gate: AtomicIsize,
+    /// `isize::MAX` (forced) while the recorder is on (every free takes the general path,
+    /// which records it).
+    gate: Gate,
     /// 1 while the owner is inside (takes or keeps a block).
     busy: AtomicUsize,
     /// 1 while a recaller wants in or is inside.
@@ -234,8 +235,8 @@ impl Slot {
             // The first allocation publishes (a new high from nothing), and the first free
             // takes the general path: both set the thresholds from the recorder's state
             // once the slot is listed (see the module invariant).
-            rise: AtomicIsize::new(isize::MIN),
-            gate: AtomicIsize::new(isize::MAX),
+            rise: Gate::new(isize::MIN),
+            gate: Gate::new(isize::MAX),
             busy: AtomicUsize::new(0),
             recall: AtomicUsize::new(0),
             lists: UnsafeCell::new(Lists {
@@ -453,7 +454,7 @@ impl Slot {
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         m.level += bytes as isize;
-        if m.level > self.rise.load(Ordering::Acquire) {
+        if m.level > self.rise.get() {
             self.rose(m, registry, books);
         }
     }
@@ -466,7 +467,7 @@ impl Slot {
     fn rose(&self, m: &mut Mark, registry: &Registry, books: &Books) {
         loop {
             // Acquire: a reset's lowered `rise` is seen with its new epoch.
-            let seen = self.rise.load(Ordering::Acquire);
+            let seen = self.rise.get();
             let epoch = registry.epoch();
             if m.epoch != epoch {
                 // The peak was reset: rises from here on count again.
@@ -479,57 +480,26 @@ impl Slot {
                 m.published = m.level;
                 m.fall = fall_below(m.level);
             }
-            let on = crate::trace::is_on();
-            let next = if on {
-                isize::MIN
-            } else {
-                m.high.min(m.published + PEAK_BATCH)
-            };
-            // Acquire: if this replaces the recorder's store (of the value seen), the
-            // recorder's switch is seen below, and the loop forces `rise` again.
-            if self
-                .rise
-                .compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-                && (on || !crate::trace::is_on())
-            {
+            let next = m.high.min(m.published + PEAK_BATCH);
+            if self.rise.replace(seen, next, crate::trace::is_on) {
                 self.arm(m);
                 return;
             }
         }
     }
 
-    /// Owner: sets the gate of the free's hit path from `m` and the recorder's state,
-    /// unless the recorder's start forced it meanwhile (then this runs again, and sees the
-    /// recorder on).
+    /// Owner: sets the gate of the free's hit path from `m`, or forces it while the
+    /// recorder is on.
     #[cold]
     fn arm(&self, m: &Mark) {
-        loop {
-            let seen = self.gate.load(Ordering::Relaxed);
-            let on = crate::trace::is_on();
-            let want = if on { isize::MAX } else { m.fall };
-            // Leaving a gate as it is overwrites nothing.
-            if seen == want {
-                return;
-            }
-            // Acquire: as in `rose`.
-            if self
-                .gate
-                .compare_exchange(seen, want, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-                && (on || !crate::trace::is_on())
-            {
-                return;
-            }
-        }
+        self.gate.set(m.fall, crate::trace::is_on);
     }
 
     /// Recorder, holding the registry's lock, after it switched on: sends every operation
     /// of the owner to the general path, which records it (see the module invariant).
     fn force(&self) {
-        // Release: the owner that sees either sees the recorder on.
-        self.rise.store(isize::MIN, Ordering::Release);
-        self.gate.store(isize::MAX, Ordering::Release);
+        self.rise.force();
+        self.gate.force();
     }
 
     /// Owner: [`Slot::take`] and [`Slot::live`] (a hit) of a block of `class` and `bytes`
@@ -540,7 +510,7 @@ impl Slot {
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         let level = m.level + bytes as isize;
-        if level > self.rise.load(Ordering::Acquire) || !self.enter() {
+        if level > self.rise.get() || !self.enter() {
             return None;
         }
         // SAFETY: the owner is inside (just entered).
@@ -567,7 +537,7 @@ impl Slot {
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         let level = m.level - bytes as isize;
-        if level < self.gate.load(Ordering::Relaxed) || !self.keep(class, block) {
+        if level < self.gate.get_relaxed() || !self.keep(class, block) {
             return false;
         }
         debug_assert_eq!(bytes, class_size(class));
@@ -593,15 +563,16 @@ impl Slot {
     /// `rise` to a batch above the new figure, unless a reset lowered it meanwhile.
     #[cold]
     fn fell(&self, m: &mut Mark, books: &Books) {
-        let seen = self.rise.load(Ordering::Acquire);
+        let mut seen = self.rise.get();
         books.publish(m.level - m.published, false);
         m.published = m.level;
         m.fall = fall_below(m.level);
         let next = m.high.min(m.published + PEAK_BATCH);
-        // A failure means a reset lowered `rise`: the next allocation starts over.
-        let _ =
-            self.rise
-                .compare_exchange(seen, next.min(seen), Ordering::Relaxed, Ordering::Relaxed);
+        // `rise` only comes down here: a reset or the recorder's start that lowered it
+        // meanwhile stands (the next allocation starts over).
+        while !self.rise.replace(seen, next.min(seen), crate::trace::is_on) {
+            seen = self.rise.get();
+        }
     }
 
     /// The slot's figures (exact for every operation of its owner that is not in flight).
@@ -754,7 +725,7 @@ impl Registry {
             let slot = unsafe { listed.0.as_ref() };
             figures.add(&slot.figures());
             // Release: the owner that sees this sees the new epoch too.
-            slot.rise.store(isize::MIN, Ordering::Release);
+            slot.rise.force();
         }
         f(figures)
     }
