@@ -399,6 +399,41 @@ fn the_recorder_sees_every_operation_of_thread_caches_warmed_before_it_started()
 }
 
 #[test]
+fn while_recording_cache_hits_keep_the_peak_exact() {
+    // The recorder forces the hit paths' thresholds; the recorded hits test the owner's
+    // own, so a new high reached through cache hits is still published exactly, and a
+    // reset's new epoch is still seen.
+    let _lock = trace_lock();
+    let pool = Pool::new(Limits::unlimited());
+    let hold = |n: usize| {
+        (0..n)
+            .map(|_| pool.allocate(256, 16).unwrap())
+            .collect::<Vec<_>>()
+    };
+    drop(hold(40)); // 40 blocks cached in this thread's list
+    trace::start(1 << 12).unwrap();
+    for round in 0..3 {
+        pool.reset_peak();
+        let n = 10 + 10 * round;
+        drop(hold(n));
+        // Read after the frees: the high of the round was published as it was reached.
+        let stats = pool.stats();
+        assert_eq!(stats.live_bytes, 0, "round {round}");
+        assert_eq!(
+            stats.peak_bytes,
+            n * 256,
+            "round {round}: the peak since the reset"
+        );
+    }
+    let hits = pool.stats().cache_hits;
+    trace::stop();
+    assert!(
+        hits >= 60,
+        "the rounds were served from the cache: {hits} hits"
+    );
+}
+
+#[test]
 fn a_free_event_carries_the_pool_bytes_after_the_free() {
     // Semantics §7: each event carries the figure after it. A block above 1 GiB is never
     // cached: its free gives the bytes back to the OS, and the event says so.

@@ -58,6 +58,11 @@ impl Gate {
     pub fn replace(&self, seen: isize, want: isize, forcing: impl Fn() -> bool) -> bool {
         let on = forcing();
         let next = if on { self.forced } else { want };
+        if next == seen {
+            // Nothing to write (a forced gate while the switch is on, say): a forcing that
+            // landed since stands, and no read-modify-write is paid on every slow path.
+            return true;
+        }
         self.value
             .compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()

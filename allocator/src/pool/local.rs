@@ -194,6 +194,9 @@ struct Mark {
     epoch: u64,
     /// [`fall_below`]`(published)`: the level below which a free publishes.
     fall: isize,
+    /// The level above which an allocation publishes: what `rise` holds when nothing forces
+    /// it (the recorded hit path tests this copy, since the recorder forces `rise`).
+    rise: isize,
 }
 
 // SAFETY: the lists (raw block pointers, owned by the slot) are touched by one thread at a
@@ -260,6 +263,7 @@ impl Slot {
                 high: 0,
                 epoch,
                 fall: -PEAK_BATCH,
+                rise: isize::MIN,
             }),
         }
     }
@@ -481,6 +485,7 @@ impl Slot {
                 m.fall = fall_below(m.level);
             }
             let next = m.high.min(m.published + PEAK_BATCH);
+            m.rise = next;
             if self.rise.replace(seen, next, crate::trace::is_on) {
                 self.arm(m);
                 return;
@@ -521,6 +526,53 @@ impl Slot {
         bump(&self.taken[hit(class, usage)], 1);
         m.level = level;
         Some(block)
+    }
+
+    /// Owner, while the recorder is on (which forces `rise`): [`Slot::try_take`] against
+    /// the owner's copy of the threshold, declining also when a peak reset is pending, so
+    /// that the caller takes the block and records it without the general path.
+    #[inline]
+    pub(super) fn try_take_recorded(
+        &self,
+        class: usize,
+        bytes: usize,
+        usage: Usage,
+        registry: &Registry,
+    ) -> Option<NonNull<u8>> {
+        // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
+        let m = unsafe { &mut *self.mark.get() };
+        let level = m.level + bytes as isize;
+        if level > m.rise || m.epoch != registry.epoch() || !self.enter() {
+            return None;
+        }
+        // SAFETY: the owner is inside (just entered).
+        let block = unsafe { self.pop(class) };
+        self.leave();
+        let block = block?;
+        bump(&self.taken[hit(class, usage)], 1);
+        m.level = level;
+        Some(block)
+    }
+
+    /// Owner, while the recorder is on (which forces the gate): [`Slot::try_keep`]
+    /// against the owner's own threshold.
+    #[inline]
+    pub(super) fn try_keep_recorded(
+        &self,
+        class: usize,
+        block: NonNull<u8>,
+        bytes: usize,
+        usage: Usage,
+    ) -> bool {
+        // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
+        let m = unsafe { &mut *self.mark.get() };
+        let level = m.level - bytes as isize;
+        if level < m.fall || !self.keep(class, block) {
+            return false;
+        }
+        bump(&self.kept[hit(class, usage)], 1);
+        m.level = level;
+        true
     }
 
     /// Owner: [`Slot::freed`] and [`Slot::keep`] of a block of `class` and `bytes` in one,
@@ -568,6 +620,7 @@ impl Slot {
         m.published = m.level;
         m.fall = fall_below(m.level);
         let next = m.high.min(m.published + PEAK_BATCH);
+        m.rise = m.rise.min(next);
         // `rise` only comes down here: a reset or the recorder's start that lowered it
         // meanwhile stands (the next allocation starts over).
         while !self.rise.replace(seen, next.min(seen), crate::trace::is_on) {

@@ -315,6 +315,18 @@ impl Pool {
         zeroed: bool,
     ) -> Result<NonNull<u8>, AllocError> {
         let core = &*self.core;
+        if class_id != NO_CLASS && crate::trace::is_on() {
+            // The recorder forced the hit path here: the same hit, recorded.
+            if let Some(slot) = local::cached_slot(core) {
+                // SAFETY: as in `allocate_inner`.
+                let slot = unsafe { slot.as_ref() };
+                let class = usize::from(class_id);
+                if let Some(ptr) = slot.try_take_recorded(class, capacity, usage, &core.local) {
+                    self.prepare(ptr, capacity, zeroed, false);
+                    return Ok(ptr);
+                }
+            }
+        }
         if class_id != NO_CLASS {
             let class = usize::from(class_id);
             let hit = local::with_slot(core, |slot| {
@@ -424,6 +436,17 @@ impl Pool {
     #[inline(never)]
     fn release_slow(&self, ptr: NonNull<u8>, capacity: usize, class: u8, usage: Usage) {
         let core = &*self.core;
+        if class != NO_CLASS && crate::trace::is_on() {
+            // The recorder forced the hit path here: the same hit, recorded.
+            if let Some(slot) = local::cached_slot(core) {
+                // SAFETY: as in `release`.
+                let slot = unsafe { slot.as_ref() };
+                if slot.try_keep_recorded(usize::from(class), ptr, capacity, usage) {
+                    core.traced(EventKind::Free, capacity);
+                    return;
+                }
+            }
+        }
         let kept = local::with_slot(core, |slot| {
             slot.freed(&core.books, capacity, usage);
             class != NO_CLASS && slot.keep(usize::from(class), ptr)
