@@ -346,7 +346,9 @@ fn the_recorder_sees_every_operation_of_thread_caches_warmed_before_it_started()
     };
     let warmed = Barrier::new(2);
     let started = Barrier::new(2);
-    let (other, mine) = std::thread::scope(|s| {
+    // No assertion before the threads meet their barriers (a panic there would leave the
+    // other thread waiting): the figures are checked once both are done.
+    let (other, mine, warm_hits, started) = std::thread::scope(|s| {
         let other = s.spawn(|| {
             pairs(&pool);
             warmed.wait();
@@ -355,20 +357,19 @@ fn the_recorder_sees_every_operation_of_thread_caches_warmed_before_it_started()
             trace::thread_id()
         });
         pairs(&pool);
+        warmed.wait();
+        // The other thread waits now: these hits are this thread's.
         let hits = pool.stats().cache_hits;
         pairs(&pool);
-        assert_eq!(
-            pool.stats().cache_hits - hits,
-            PAIRS as u64,
-            "warm: every pair a hit"
-        );
-        warmed.wait();
-        trace::start(1 << 12).unwrap();
+        let warm_hits = pool.stats().cache_hits - hits;
+        let on = trace::start(1 << 12);
         started.wait();
         pairs(&pool);
-        (other.join().unwrap(), trace::thread_id())
+        (other.join().unwrap(), trace::thread_id(), warm_hits, on)
     });
     trace::stop();
+    started.unwrap();
+    assert_eq!(warm_hits, PAIRS as u64, "warm: every pair a hit");
     for thread in [mine, other] {
         let events: Vec<_> = trace::events()
             .into_iter()
