@@ -400,6 +400,40 @@ fn the_recorder_sees_every_operation_of_thread_caches_warmed_before_it_started()
 }
 
 #[test]
+fn a_pool_and_a_thread_made_while_recording_are_recorded_from_their_first_operation() {
+    // A thread cache made after the recorder started starts forced, and its first
+    // allocation sets its thresholds from the recorder's state (forced again, the recorder
+    // being on): every one of its operations is recorded, hits included.
+    let _lock = trace_lock();
+    trace::start(1 << 12).unwrap();
+    let pool = Pool::new(Limits::unlimited());
+    const PAIRS: usize = 30;
+    let thread = std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..PAIRS {
+                drop(pool.allocate(512, 64).unwrap());
+            }
+            trace::thread_id()
+        })
+        .join()
+        .unwrap()
+    });
+    trace::stop();
+    let kinds: Vec<_> = trace::events()
+        .into_iter()
+        .filter(|e| e.thread == thread && e.space == Space::Pool && e.bytes == 512)
+        .map(|e| e.kind)
+        .collect();
+    let allocs = kinds.iter().filter(|k| **k == EventKind::Alloc).count();
+    let frees = kinds.iter().filter(|k| **k == EventKind::Free).count();
+    assert_eq!((allocs, frees), (PAIRS, PAIRS), "{kinds:?}");
+    assert!(
+        pool.stats().cache_hits >= PAIRS as u64 - 1,
+        "served by the thread's cache"
+    );
+}
+
+#[test]
 fn while_recording_cache_hits_keep_the_peak_exact() {
     // The recorder forces the hit paths' thresholds; the recorded hits test the owner's
     // own, so a new high reached through cache hits is still published exactly, and a
