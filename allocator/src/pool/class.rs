@@ -163,9 +163,6 @@ fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
     if rounded > crate::counter::UNLIMITED {
         return Err(invalid(size, align, BEYOND_ANY_POOL));
     }
-    if rounded.next_multiple_of(page_size()) >> (usize::BITS - super::block::LEN_SHIFT) != 0 {
-        return Err(invalid(size, align, BEYOND_ANY_BLOCK));
-    }
     match class_of(rounded) {
         Some(class) => Ok(Fit {
             capacity: class_size(class),
@@ -182,7 +179,8 @@ fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
 /// unlimited pool counts against), no limit could ever let it through.
 pub(super) const BEYOND_ANY_POOL: &str = "more than any pool can hold (4 EiB, the largest budget)";
 
-/// Why a request of 16 PiB (2^54 bytes) or more is refused: a [`super::Block`] keeps its
+/// Why a request of 16 PiB (2^54 bytes) or more is refused once it is within the pool's
+/// limits (a limited pool refuses it at its limit first): a [`super::Block`] keeps its
 /// length in 54 bits, more than any machine's memory (and than the 47 bits of address
 /// space a process has under 4-level paging).
 pub(super) const BEYOND_ANY_BLOCK: &str =

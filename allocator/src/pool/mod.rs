@@ -289,7 +289,7 @@ impl Pool {
                 }
                 ptr
             }
-            None => self.allocate_slow(size, fit.capacity, fit.class, usage, zeroed)?,
+            None => self.allocate_slow(size, align, fit.capacity, fit.class, usage, zeroed)?,
         };
         // SAFETY: `ptr` is a block of exactly `fit.capacity` bytes of this pool (its class's
         // size, from a cache of that class, or from the shared classes, the budget or the
@@ -309,6 +309,7 @@ impl Pool {
     fn allocate_slow(
         &self,
         size: usize,
+        align: usize,
         capacity: usize,
         class_id: u8,
         usage: Usage,
@@ -358,6 +359,12 @@ impl Pool {
             Some(ptr) => (ptr, false),
             None => match core.take_budget(capacity, size, class)? {
                 Some(ptr) => (ptr, false),
+                None if capacity >> (usize::BITS - block::LEN_SHIFT) != 0 => {
+                    // Past the limits (a limited pool refuses at its limit first, as for any
+                    // request too large for it): a `Block` keeps its length in 54 bits.
+                    core.budget.release(capacity);
+                    return Err(class::invalid(size, align, class::BEYOND_ANY_BLOCK));
+                }
                 None => (core.os_alloc(capacity, size)?, true),
             },
         };
