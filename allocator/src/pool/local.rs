@@ -512,20 +512,7 @@ impl Slot {
     /// or a recall under way); `None` changes nothing.
     #[inline(always)]
     pub(super) fn try_take(&self, class: usize, bytes: usize, usage: Usage) -> Option<NonNull<u8>> {
-        // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
-        let m = unsafe { &mut *self.mark.get() };
-        let level = m.level + bytes as isize;
-        if level > self.rise.get() || !self.enter() {
-            return None;
-        }
-        // SAFETY: the owner is inside (just entered).
-        let block = unsafe { self.pop(class) };
-        self.leave();
-        let block = block?;
-        debug_assert_eq!(bytes, class_size(class));
-        bump(&self.taken[hit(class, usage)], 1);
-        m.level = level;
-        Some(block)
+        self.take_within(class, bytes, usage, self.rise.get())
     }
 
     /// Owner, while the recorder is on (which forces `rise`): [`Slot::try_take`] against
@@ -540,39 +527,40 @@ impl Slot {
         registry: &Registry,
     ) -> Option<NonNull<u8>> {
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
+        let (epoch, rise) = unsafe {
+            let m = &*self.mark.get();
+            (m.epoch, m.rise)
+        };
+        if epoch != registry.epoch() {
+            return None;
+        }
+        self.take_within(class, bytes, usage, rise)
+    }
+
+    /// Owner: a hit of `class` (blocks of `bytes`) for `usage`, if the live bytes stay at
+    /// or below `ceiling` with it and the list has a block; `None` changes nothing.
+    #[inline(always)]
+    fn take_within(
+        &self,
+        class: usize,
+        bytes: usize,
+        usage: Usage,
+        ceiling: isize,
+    ) -> Option<NonNull<u8>> {
+        // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         let level = m.level + bytes as isize;
-        if level > m.rise || m.epoch != registry.epoch() || !self.enter() {
+        if level > ceiling || !self.enter() {
             return None;
         }
         // SAFETY: the owner is inside (just entered).
         let block = unsafe { self.pop(class) };
         self.leave();
         let block = block?;
+        debug_assert_eq!(bytes, class_size(class));
         bump(&self.taken[hit(class, usage)], 1);
         m.level = level;
         Some(block)
-    }
-
-    /// Owner, while the recorder is on (which forces the gate): [`Slot::try_keep`]
-    /// against the owner's own threshold.
-    #[inline]
-    pub(super) fn try_keep_recorded(
-        &self,
-        class: usize,
-        block: NonNull<u8>,
-        bytes: usize,
-        usage: Usage,
-    ) -> bool {
-        // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
-        let m = unsafe { &mut *self.mark.get() };
-        let level = m.level - bytes as isize;
-        if level < m.fall || !self.keep(class, block) {
-            return false;
-        }
-        bump(&self.kept[hit(class, usage)], 1);
-        m.level = level;
-        true
     }
 
     /// Owner: [`Slot::freed`] and [`Slot::keep`] of a block of `class` and `bytes` in one,
@@ -586,10 +574,40 @@ impl Slot {
         bytes: usize,
         usage: Usage,
     ) -> bool {
+        self.keep_within(class, block, bytes, usage, self.gate.get_relaxed())
+    }
+
+    /// Owner, while the recorder is on (which forces the gate): [`Slot::try_keep`]
+    /// against the owner's own threshold.
+    #[inline]
+    pub(super) fn try_keep_recorded(
+        &self,
+        class: usize,
+        block: NonNull<u8>,
+        bytes: usize,
+        usage: Usage,
+    ) -> bool {
+        // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
+        let fall = unsafe { (*self.mark.get()).fall };
+        self.keep_within(class, block, bytes, usage, fall)
+    }
+
+    /// Owner: keeps `block` (of `class`, `bytes`, for `usage`) on its list, if the live
+    /// bytes stay at or above `floor` without it and the list is under its cap; `false`
+    /// changes nothing.
+    #[inline(always)]
+    fn keep_within(
+        &self,
+        class: usize,
+        block: NonNull<u8>,
+        bytes: usize,
+        usage: Usage,
+        floor: isize,
+    ) -> bool {
         // SAFETY: `mark` is touched by the owner thread alone, and this is the owner.
         let m = unsafe { &mut *self.mark.get() };
         let level = m.level - bytes as isize;
-        if level < self.gate.get_relaxed() || !self.keep(class, block) {
+        if level < floor || !self.keep(class, block) {
             return false;
         }
         debug_assert_eq!(bytes, class_size(class));
