@@ -36,7 +36,7 @@ fn capacity_of(class: u8, len: usize) -> usize {
     if class != super::class::NO_CLASS {
         super::class::class_size(usize::from(class))
     } else {
-        len.next_multiple_of(crate::physical::page_size())
+        super::class::page_capacity(len)
     }
 }
 

@@ -169,10 +169,17 @@ fn fit_any(size: usize, align: usize) -> Result<Fit, AllocError> {
             class: class as u8,
         }),
         None => Ok(Fit {
-            capacity: rounded.next_multiple_of(page_size()),
+            capacity: page_capacity(rounded),
             class: NO_CLASS,
         }),
     }
+}
+
+/// The capacity of a block of no class serving `bytes`: whole pages. (A request rounded to
+/// its alignment first gets the same, every alignment served dividing the page.)
+#[inline]
+pub(super) fn page_capacity(bytes: usize) -> usize {
+    bytes.next_multiple_of(page_size())
 }
 
 /// Why a request above 4 EiB is refused: past the largest budget there is (what an

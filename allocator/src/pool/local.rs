@@ -1234,7 +1234,6 @@ impl Core {
             || {
                 // Each class's list goes to the depot whole while it has room, else block
                 // by block to the shared classes (and what they cannot hold to the OS).
-                let bound = self.local.bound();
                 for (class, chain) in chains
                     .replace([Chain::EMPTY; NUM_CLASSES])
                     .into_iter()
@@ -1243,13 +1242,9 @@ impl Core {
                     if chain.len == 0 {
                         continue;
                     }
-                    let bytes = chain.len as usize * class_size(class);
                     // Counted before the depot has them, so a taker never counts below 0.
-                    self.books.caching(bytes);
-                    if let Err(chain) = self.depot.offer(class, chain, bound) {
-                        self.books.uncached(bytes);
-                        chain.for_each(|block| self.release_shared(block, class_size(class)));
-                    }
+                    self.books.caching(chain.len as usize * class_size(class));
+                    self.park(class, chain);
                 }
             },
         );
@@ -1277,11 +1272,31 @@ impl Core {
             if kept == Some(true) {
                 // Out of the shared count: the thread's list counts them now.
                 self.books.uncached(bytes);
-            } else if let Err(rest) = self.depot.offer(class, rest, self.local.bound()) {
-                self.books.uncached(bytes);
-                rest.for_each(|block| self.release_shared(block, capacity));
+            } else {
+                self.park(class, rest);
             }
         }
         Some(head)
+    }
+
+    /// Leaves `chain` (of `class`, counted cached) in the depot if it has room; otherwise
+    /// takes it out of the cached count and gives it block by block to the shared classes
+    /// (and what they cannot hold to the OS).
+    fn park(&self, class: usize, chain: Chain) {
+        if let Err(chain) = self.depot.offer(class, chain, self.local.bound()) {
+            let capacity = class_size(class);
+            self.books.uncached(chain.len as usize * capacity);
+            chain.for_each(|block| self.release_shared(block, capacity));
+        }
+    }
+
+    /// Empties the depot: each block leaves the cached count and goes, with its capacity,
+    /// to `to`. Returns the bytes.
+    pub(super) fn drain_depot(&self, mut to: impl FnMut(NonNull<u8>, usize)) -> usize {
+        self.depot.drain(|block, class| {
+            let capacity = class_size(class);
+            self.books.uncached(capacity);
+            to(block, capacity);
+        })
     }
 }

@@ -432,8 +432,7 @@ impl Pool {
     #[cold]
     #[inline(never)]
     fn release_page_block(&self, ptr: NonNull<u8>, len: usize, usage: Usage) {
-        let capacity = len.next_multiple_of(crate::physical::page_size());
-        self.release_slow(ptr, capacity, NO_CLASS, usage);
+        self.release_slow(ptr, class::page_capacity(len), NO_CLASS, usage);
     }
 
     /// [`Pool::release`] off its fast path: the thread's slot looked up in full, the
@@ -566,11 +565,7 @@ impl Pool {
             core.local
                 .recall(|block, class| core.release_shared(block, class_size(class)));
             // And what waits in the depot, which the old bound bounded.
-            core.depot.drain(|block, class| {
-                let capacity = class_size(class);
-                core.books.uncached(capacity);
-                core.release_shared(block, capacity);
-            });
+            core.drain_depot(|block, capacity| core.release_shared(block, capacity));
         }
         *core
             .bytes_knob
@@ -790,11 +785,7 @@ impl Core {
 
     /// Returns the blocks of the shared slots to the OS.
     fn trim_shared(&self) -> usize {
-        let mut released = self.depot.drain(|block, class| {
-            let capacity = class_size(class);
-            self.books.uncached(capacity);
-            self.os_free(block, capacity);
-        });
+        let mut released = self.drain_depot(|block, capacity| self.os_free(block, capacity));
         for (class, slots) in self.classes.iter().enumerate() {
             let capacity = class_size(class);
             while let Some(ptr) = slots.pop() {
