@@ -331,6 +331,19 @@ fn the_trace_of_a_scripted_workload_has_exactly_the_expected_events() {
     assert!(json.contains("\"name\":\"TRACED\""), "{json}");
 }
 
+/// The recorded pool events of `thread` for blocks of `bytes`: how many allocations, how
+/// many frees, and their kinds in order.
+fn pool_events_of(thread: u32, bytes: u64) -> (usize, usize, Vec<EventKind>) {
+    let kinds: Vec<_> = trace::events()
+        .into_iter()
+        .filter(|e| e.thread == thread && e.space == Space::Pool && e.bytes == bytes)
+        .map(|e| e.kind)
+        .collect();
+    let allocs = kinds.iter().filter(|k| **k == EventKind::Alloc).count();
+    let frees = kinds.iter().filter(|k| **k == EventKind::Free).count();
+    (allocs, frees, kinds)
+}
+
 #[test]
 fn the_recorder_sees_every_operation_of_thread_caches_warmed_before_it_started() {
     // The cache hit paths test nothing of the recorder: its start sends every thread's
@@ -371,13 +384,7 @@ fn the_recorder_sees_every_operation_of_thread_caches_warmed_before_it_started()
     started.unwrap();
     assert_eq!(warm_hits, PAIRS as u64, "warm: every pair a hit");
     for thread in [mine, other] {
-        let events: Vec<_> = trace::events()
-            .into_iter()
-            .filter(|e| e.thread == thread && e.space == Space::Pool && e.bytes == 256)
-            .map(|e| e.kind)
-            .collect();
-        let allocs = events.iter().filter(|k| **k == EventKind::Alloc).count();
-        let frees = events.iter().filter(|k| **k == EventKind::Free).count();
+        let (allocs, frees, events) = pool_events_of(thread, 256);
         assert_eq!(
             (allocs, frees),
             (PAIRS, PAIRS),
@@ -419,13 +426,7 @@ fn a_pool_and_a_thread_made_while_recording_are_recorded_from_their_first_operat
         .unwrap()
     });
     trace::stop();
-    let kinds: Vec<_> = trace::events()
-        .into_iter()
-        .filter(|e| e.thread == thread && e.space == Space::Pool && e.bytes == 512)
-        .map(|e| e.kind)
-        .collect();
-    let allocs = kinds.iter().filter(|k| **k == EventKind::Alloc).count();
-    let frees = kinds.iter().filter(|k| **k == EventKind::Free).count();
+    let (allocs, frees, kinds) = pool_events_of(thread, 512);
     assert_eq!((allocs, frees), (PAIRS, PAIRS), "{kinds:?}");
     assert!(
         pool.stats().cache_hits >= PAIRS as u64 - 1,
