@@ -7,6 +7,7 @@
 //! the variable and the value, never a silent default. `0` in an environment variable
 //! means "no limit", as JavaCPP's `maxbytes=0` does.
 
+use crate::counter::UNLIMITED;
 use crate::error::ConfigError;
 use crate::physical::physical_ram;
 
@@ -300,7 +301,7 @@ impl Limits {
     ) -> Result<Limits, ConfigError> {
         let mut read = |name: &str| -> Result<Option<Option<usize>>, ConfigError> {
             lookup(name)?
-                .map(|value| parse_size_named(name, &value).map(|n| (n > 0).then_some(n)))
+                .map(|value| parse_size_named(name, &value).map(limit_of))
                 .transpose()
         };
         let mut builder = Limits::builder();
@@ -389,7 +390,15 @@ impl LimitSources {
     }
 }
 
-/// Builds [`Limits`]; `Some(0)` or `None` for a field means "unlimited" once set explicitly.
+/// A host budget of `bytes`: `None` (unlimited) for 0 and for [`UNLIMITED`] (4 EiB) or
+/// more, which no allocation can reach (semantics §1), so that a figure shown is a limit in
+/// force.
+fn limit_of(bytes: usize) -> Option<usize> {
+    (bytes > 0 && bytes < UNLIMITED).then_some(bytes)
+}
+
+/// Builds [`Limits`]; `Some(0)` or `None` for a field means "unlimited" once set explicitly,
+/// as does a heap, off-heap or physical budget of 4 EiB or more.
 #[derive(Debug, Clone, Default)]
 pub struct LimitsBuilder {
     max_heap: Option<Option<usize>>,
@@ -399,21 +408,21 @@ pub struct LimitsBuilder {
 }
 
 impl LimitsBuilder {
-    /// Heap budget in bytes (`None` or 0: tracked only).
+    /// Heap budget in bytes (`None`, 0 or 4 EiB and more: tracked only).
     pub fn max_heap(mut self, bytes: impl Into<Option<usize>>) -> Self {
-        self.max_heap = Some(bytes.into().filter(|b| *b > 0));
+        self.max_heap = Some(bytes.into().and_then(limit_of));
         self
     }
 
-    /// Off-heap budget in bytes (`None` or 0: unlimited).
+    /// Off-heap budget in bytes (`None`, 0 or 4 EiB and more: unlimited).
     pub fn max_bytes(mut self, bytes: impl Into<Option<usize>>) -> Self {
-        self.max_bytes = Some(bytes.into().filter(|b| *b > 0));
+        self.max_bytes = Some(bytes.into().and_then(limit_of));
         self
     }
 
-    /// Physical (RSS) budget in bytes (`None` or 0: unlimited).
+    /// Physical (RSS) budget in bytes (`None`, 0 or 4 EiB and more: unlimited).
     pub fn max_physical_bytes(mut self, bytes: impl Into<Option<usize>>) -> Self {
-        self.max_physical_bytes = Some(bytes.into().filter(|b| *b > 0));
+        self.max_physical_bytes = Some(bytes.into().and_then(limit_of));
         self
     }
 
@@ -574,6 +583,30 @@ mod tests {
         assert_eq!(limits.max_physical_bytes, None);
         assert_eq!(limits.sources.max_bytes, LimitSource::Environment);
         assert_eq!(limits.sources.max_device_bytes, LimitSource::Default);
+    }
+
+    #[test]
+    fn a_limit_of_4_eib_or_more_is_no_limit_as_the_budgets_treat_it() {
+        // Semantics §1: 4 EiB (2^62) and more mean no limit, so `Limits` shows none.
+        let env = HashMap::from([
+            (ENV_MAX_BYTES, "4096P"),
+            (ENV_MAX_HEAP, "8191P"),
+            (ENV_MAX_PHYSICAL_BYTES, "4095P"),
+        ]);
+        let limits = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string()))).unwrap();
+        assert_eq!(limits.max_bytes, None);
+        assert_eq!(limits.max_heap, None);
+        assert_eq!(limits.max_physical_bytes, Some(4095 << 50));
+        assert_eq!(limits.sources.max_bytes, LimitSource::Environment);
+        let built = Limits::builder()
+            .max_heap(usize::MAX)
+            .max_bytes(UNLIMITED)
+            .max_physical_bytes(UNLIMITED - 1)
+            .build();
+        assert_eq!(
+            (built.max_heap, built.max_bytes, built.max_physical_bytes),
+            (None, None, Some(UNLIMITED - 1))
+        );
     }
 
     #[test]

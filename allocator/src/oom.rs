@@ -23,10 +23,13 @@ use crate::tracking::HeapStats;
 /// ```
 ///
 /// The line reads `ndmem: heap limit reached: a request of 64.0 KiB would exceed
-/// NDMEM_MAX_HEAP=1.00 MiB (980 KiB live); raise NDMEM_MAX_HEAP`, or, for a limit set by
-/// [`crate::heap::set_limit`], `... would exceed the heap limit of 1.00 MiB set by
-/// heap::set_limit (980 KiB live); raise it there`. (The request of a reallocation is its
-/// new size.) On a terminal it first
+/// NDMEM_MAX_HEAP=1.00 MiB (1000.0 KiB held against it, 980.0 KiB of it live as last
+/// published); raise NDMEM_MAX_HEAP`, or, for a limit set by [`crate::heap::set_limit`],
+/// `... would exceed the heap limit of 1.00 MiB set by heap::set_limit (...); raise it
+/// there`. The bytes held are exact (the budget the limit is checked against: live bytes
+/// and what threads hold unspent); the live figure is as of each thread's last
+/// publication, so other threads' recent allocations may be missing from it (see
+/// [`crate::heap`]). (The request of a reallocation is its new size.) On a terminal it first
 /// clears the current line (a progress bar, say). Destructors and `atexit` handlers do not
 /// run: nothing that could need the heap runs after it.
 pub fn exit_on_oom(layout: Layout, stats: &HeapStats) {
@@ -62,18 +65,18 @@ fn describe(
         Some(limit) if in_code => write!(
             out,
             "ndmem: heap limit reached: a request of {} would exceed the heap limit of {} set \
-             by heap::set_limit ({} live); raise it there",
+             by heap::set_limit ({}); raise it there",
             ByteSize(layout.size()),
             ByteSize(limit),
-            ByteSize(stats.live_bytes)
+            Held(stats)
         ),
         Some(limit) => write!(
             out,
-            "ndmem: heap limit reached: a request of {} would exceed {ENV_MAX_HEAP}={} ({} \
-             live); raise {ENV_MAX_HEAP}",
+            "ndmem: heap limit reached: a request of {} would exceed {ENV_MAX_HEAP}={} ({}); \
+             raise {ENV_MAX_HEAP}",
             ByteSize(layout.size()),
             ByteSize(limit),
-            ByteSize(stats.live_bytes)
+            Held(stats)
         ),
         None => write!(
             out,
@@ -81,6 +84,22 @@ fn describe(
             ByteSize(layout.size()),
             ByteSize(stats.live_bytes)
         ),
+    }
+}
+
+/// What a refused request found held against the heap limit: the exact reservation, and
+/// the live bytes as published (which lag other threads' latest allocations).
+struct Held<'a>(&'a HeapStats);
+
+impl fmt::Display for Held<'_> {
+    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stats = self.0;
+        write!(
+            out,
+            "{} held against it, {} of it live as last published",
+            ByteSize(stats.reserved_bytes.max(stats.live_bytes)),
+            ByteSize(stats.live_bytes)
+        )
     }
 }
 
@@ -142,6 +161,7 @@ mod tests {
     fn the_line_names_request_limit_live_and_variable() {
         let stats = HeapStats {
             live_bytes: 1000,
+            reserved_bytes: 1000 << 10, // shown as 1000.0 KiB
             limit: Some(1 << 20),
             ..HeapStats::default()
         };
@@ -152,7 +172,8 @@ mod tests {
         assert_eq!(
             text,
             "ndmem: heap limit reached: a request of 64.0 KiB would exceed NDMEM_MAX_HEAP=1.00 \
-             MiB (1000 B live); raise NDMEM_MAX_HEAP"
+             MiB (1000.0 KiB held against it, 1000 B of it live as last published); raise \
+             NDMEM_MAX_HEAP"
         );
         let mut line = StackLine::default();
         describe(&mut line, request, &stats, true).unwrap();
@@ -160,7 +181,8 @@ mod tests {
         assert_eq!(
             text,
             "ndmem: heap limit reached: a request of 64.0 KiB would exceed the heap limit of \
-             1.00 MiB set by heap::set_limit (1000 B live); raise it there"
+             1.00 MiB set by heap::set_limit (1000.0 KiB held against it, 1000 B of it live as \
+             last published); raise it there"
         );
         let unlimited = HeapStats {
             limit: None,

@@ -62,6 +62,12 @@ struct Cycles {
     /// The workspace that was current when the current (or last) cycle started; read only
     /// while a cycle runs.
     parent: RefCell<Weak<Arena>>,
+    /// The parent's generation when this cycle started: the parent is this cycle's only
+    /// while that cycle of it runs (a later cycle of the same workspace is not).
+    parent_generation: Cell<u64>,
+    /// A cycle that spilled ended while a view held its memory, so its end's work waits:
+    /// the next cycle end reallocates (`Reallocate`) as if it had spilled too.
+    spill_deferred: Cell<bool>,
     destroyed: Cell<bool>,
 }
 
@@ -130,6 +136,8 @@ impl Arena {
                 completed: Cell::new(0),
                 max_bytes: Cell::new(0),
                 parent: RefCell::new(Weak::new()),
+                parent_generation: Cell::new(0),
+                spill_deferred: Cell::new(false),
                 destroyed: Cell::new(false),
             },
             spills: Spills::default(),
@@ -183,16 +191,18 @@ impl Arena {
         self.cycles.generation.get()
     }
 
-    /// The workspace that was current when this cycle started, while it is still open.
-    /// Guards may be dropped in any order (semantics §2.5): a parent whose cycle has ended,
-    /// or that was destroyed, is no parent any more, so `leverage` detaches (semantics §3)
-    /// instead of allocating in a closed workspace.
+    /// The workspace that was current when this cycle started, while the cycle it was in
+    /// then still runs. Guards may be dropped in any order (semantics §2.5): a parent whose
+    /// cycle has ended (even if a later cycle of it runs now), or that was destroyed, is no
+    /// parent any more, so `leverage` detaches (semantics §3) instead of allocating in a
+    /// cycle this one did not start in.
     pub(crate) fn parent(&self) -> Option<Rc<Arena>> {
+        let generation = self.cycles.parent_generation.get();
         self.cycles
             .parent
             .borrow()
             .upgrade()
-            .filter(|parent| parent.is_open())
+            .filter(|parent| parent.is_open() && parent.generation() == generation)
     }
 
     // ---- the buffer -------------------------------------------------------------------
@@ -276,6 +286,9 @@ impl Arena {
             *link = parent.map(Rc::downgrade).unwrap_or_default();
         }
         drop(link);
+        cycles
+            .parent_generation
+            .set(parent.map_or(0, |p| p.generation()));
         let (start, end) = match self.buffer.borrow().as_ref() {
             None => (0, 0),
             // Every slot holds memory a tensor still refers to: this cycle spills.
@@ -315,11 +328,18 @@ impl Arena {
         cycles.completed.set(cycles.completed.get() + 1);
         if self.shared.views() > 0 {
             // A view still reads this cycle's memory: keep spills and buffer as they are;
-            // the next cycle cannot start before the view is gone, and its end frees them.
-        } else if self.settings.circular {
-            self.end_circular_cycle(spilled > 0);
+            // the next cycle cannot start before the view is gone, and its end frees them
+            // and reallocates for this cycle's spills too.
+            if spilled > 0 {
+                cycles.spill_deferred.set(true);
+            }
         } else {
-            self.end_cycle(spilled > 0);
+            let spilled = spilled > 0 || cycles.spill_deferred.replace(false);
+            if self.settings.circular {
+                self.end_circular_cycle(spilled);
+            } else {
+                self.end_cycle(spilled);
+            }
         }
         self.region.set_offset(cycles.start.get());
         self.region.set_end_offset(0);

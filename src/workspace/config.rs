@@ -331,16 +331,6 @@ impl WorkspaceConfig {
                 ),
             );
         }
-        if self.min_size > MAX_BUFFER {
-            return invalid(
-                "min_size",
-                format!(
-                    "min_size {} is larger than the {MAX_BUFFER} bytes (isize::MAX) a buffer can \
-                     have, so no learned buffer could be allocated",
-                    self.min_size
-                ),
-            );
-        }
         if !self.overallocation_limit.is_finite() || self.overallocation_limit < 0.0 {
             return invalid(
                 "overallocation_limit",
@@ -356,6 +346,20 @@ impl WorkspaceConfig {
                 format!(
                     "alignment {} must be a power of two from 1 to {MAX_ALIGNMENT}",
                     self.alignment
+                ),
+            );
+        }
+        // The alignment is valid here: a learned buffer is at least `min_size` rounded up
+        // to it.
+        let min_buffer = self.min_size.checked_next_multiple_of(self.alignment);
+        if !matches!(min_buffer, Some(b) if b <= MAX_BUFFER) {
+            return invalid(
+                "min_size",
+                format!(
+                    "min_size {} rounded up to the alignment {} is larger than the {MAX_BUFFER} \
+                     bytes (isize::MAX) a buffer can have, so no learned buffer could be \
+                     allocated",
+                    self.min_size, self.alignment
                 ),
             );
         }

@@ -313,6 +313,75 @@ fn a_live_view_keeps_its_workspace_from_recycling_the_memory() {
 }
 
 #[test]
+fn a_reallocation_a_view_deferred_happens_at_the_next_cycle_end() {
+    // semantics §2.2 and §2.3: a cycle that spilled and ended under a view leaves its
+    // work (freeing the spills, `Reallocate`) to a later cycle end; that end reallocates
+    // even though its own cycle spilled nothing, so the next large cycle fits.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(256)
+        .policy_allocation(ndmem::AllocationPolicy::Strict)
+        .policy_spill(ndmem::SpillPolicy::Reallocate)
+        .build()
+        .unwrap();
+    let g = ws.get_and_activate(&cfg, "DEFERRED_REALLOC").unwrap();
+    let t = Tensor::full(DType::F32, &[250], 2.0).unwrap(); // 1,000 bytes: spills
+    let view = t.view::<f32>().unwrap();
+    drop(g);
+    let stats = ws.workspace("DEFERRED_REALLOC").unwrap();
+    assert_eq!(stats.size, 256, "nothing replaced under the view");
+    assert!(stats.max_cycle >= 1000, "{stats:?}");
+    drop(view);
+    drop(t);
+    {
+        let _g = ws.get_and_activate(&cfg, "DEFERRED_REALLOC").unwrap(); // spills nothing
+    }
+    let stats = ws.workspace("DEFERRED_REALLOC").unwrap();
+    assert!(stats.size >= stats.max_cycle, "{stats:?}");
+    {
+        let _g = ws.get_and_activate(&cfg, "DEFERRED_REALLOC").unwrap();
+        let _t = Tensor::full(DType::F32, &[250], 3.0).unwrap();
+        let stats = ws.workspace("DEFERRED_REALLOC").unwrap();
+        assert_eq!(
+            stats.spilled_bytes, 0,
+            "the large cycle fits now: {stats:?}"
+        );
+    }
+    ws.destroy("DEFERRED_REALLOC").unwrap();
+}
+
+#[test]
+fn an_empty_tensor_takes_one_element_of_its_workspace() {
+    // semantics §3: a tensor with no elements still has a home (one element, rounded to
+    // the alignment), so a full `Fail` workspace refuses it by name.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(64)
+        .policy_allocation(ndmem::AllocationPolicy::Strict)
+        .policy_spill(ndmem::SpillPolicy::Fail)
+        .build()
+        .unwrap();
+    let g = ws.get_and_activate(&cfg, "EMPTY_FULL").unwrap();
+    let empty = Tensor::zeros(DType::F32, &[0]).unwrap();
+    assert_eq!((empty.len(), empty.workspace()), (0, Some("EMPTY_FULL")));
+    assert_eq!(ws.workspace("EMPTY_FULL").unwrap().used, 16);
+    let _rest = Tensor::zeros(DType::F32, &[12]).unwrap(); // 48 bytes: the buffer is full
+    match Tensor::zeros(DType::F32, &[0, 3]) {
+        Err(Error::WorkspaceFull {
+            workspace,
+            requested,
+            available,
+        }) => assert_eq!(
+            (workspace.as_str(), requested, available),
+            ("EMPTY_FULL", 16, 0)
+        ),
+        other => panic!("{other:?}"),
+    }
+    drop((empty, _rest, g));
+    ws.destroy("EMPTY_FULL").unwrap();
+}
+
+#[test]
 fn a_circular_tensor_under_a_view_is_never_overwritten_by_later_cycles() {
     // semantics §2.4 and §3: the ring never starts a cycle in a slot a live tensor uses, so a
     // borrowed view of circular memory reads what was written, however many cycles run.

@@ -177,6 +177,27 @@ fn sizes_no_buffer_can_have_are_refused_at_build_not_at_first_use() {
         e.contains("WorkspaceConfig::min_size") && e.contains(&(max + 1).to_string()),
         "{e}"
     );
+    // One at or below isize::MAX that rounds past it at the alignment (16 by default, or
+    // 64 here), and the largest that does not.
+    for (min, align) in [(max - 2, 16), (max - 40, 64), (max, 1)] {
+        let built = WorkspaceConfig::builder()
+            .min_size(min)
+            .alignment(align)
+            .build();
+        if min.next_multiple_of(align) > max {
+            let e = config_error(built);
+            assert!(
+                e.contains("WorkspaceConfig::min_size")
+                    && e.contains(&min.to_string())
+                    && e.contains(&format!("alignment {align}")),
+                "{e}"
+            );
+        } else {
+            assert!(built.is_ok(), "min_size {min} at alignment {align}");
+        }
+    }
+    let largest = max / 16 * 16;
+    assert!(WorkspaceConfig::builder().min_size(largest).build().is_ok());
     // An initial_size whose overallocated buffer passes isize::MAX (but not usize::MAX).
     let big = max / 10 * 9;
     let e = config_error(WorkspaceConfig::builder().initial_size(big).build());

@@ -2,7 +2,7 @@
 //! nesting, destroy, statistics, and the workspaces freed at a thread's exit.
 
 use ndmem::workspace::{allocate_in, allocate_in_current, allocate_in_parent, parent_of_current};
-use ndmem::{workspaces, Error, ResetPolicy, SpillPolicy, WorkspaceConfig};
+use ndmem::{workspaces, DType, Error, ResetPolicy, SpillPolicy, Tensor, WorkspaceConfig};
 
 use crate::{capacity, fill, layout, read, strict, write};
 
@@ -165,6 +165,24 @@ fn each_cycle_has_the_parent_that_was_current_when_it_started() {
         let _child = ws.get_and_activate(&cfg, "PARENTS_CHILD").unwrap();
         drop(outer);
         assert_eq!(parent_of_current(), None);
+    }
+    {
+        // The parent's cycle ends and a later cycle of it starts while the child's cycle
+        // runs (the child re-entered only nests): that later cycle is not the child's
+        // parent, so `leverage` from the child detaches.
+        let outer = ws.get_and_activate(&cfg, "PARENTS_A").unwrap();
+        let child = ws.get_and_activate(&cfg, "PARENTS_CHILD").unwrap();
+        drop(outer);
+        let _outer_again = ws.get_and_activate(&cfg, "PARENTS_A").unwrap();
+        let _child_again = ws.get_and_activate(&cfg, "PARENTS_CHILD").unwrap();
+        assert_eq!(ws.current().as_deref(), Some("PARENTS_CHILD"));
+        assert_eq!(parent_of_current(), None);
+        let t = Tensor::ones(DType::F32, &[4]).unwrap();
+        let copy = t.leverage().unwrap();
+        assert_eq!(copy.workspace(), None);
+        assert_eq!(copy.to_vec::<f32>().unwrap(), vec![1.0; 4]);
+        drop((copy, t));
+        drop(child); // guards may be dropped in any order
     }
     {
         // Destroyed while the child's cycle runs: no parent either.
