@@ -256,9 +256,10 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     if let (true, Some(gpu)) = (options.graph, &device) {
         let graph = run_graph(options, &split, dims, gpu, &report)?;
         outln!(
-            "  graph on {}:{}: {} steps, {} graph(s) of {} device operations; losses match {} mode (largest relative difference {:.1e})",
+            "  graph on {}:{}: device peak {}, {} steps, {} graph(s) of {} device operations; losses match {} mode (largest relative difference {:.1e})",
             gpu.kind(),
             gpu.ordinal(),
+            ByteSize(graph.peak_bytes),
             graph.steps,
             graph.graphs,
             graph.ops_per_step,

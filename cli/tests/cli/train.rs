@@ -453,10 +453,17 @@ fn graph_replays_the_step_with_the_launched_losses_and_only_batch_and_loss_copie
     );
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    assert!(stdout.contains("graph on sim:0: 20 steps"), "{stdout}");
     assert!(stdout.contains("losses match pool mode"), "{stdout}");
     let json = read_json(&dir.join("ndmem-report.json"));
     let graph = &json["graph"];
+    // The line shows the graph run's own device peak, which the suggested limit covers.
+    let peak = graph["peak_bytes"].as_u64().unwrap() as usize;
+    assert!(peak > 0, "{graph}");
+    let expected = format!(
+        "graph on sim:0: device peak {}, 20 steps",
+        ndmem::alloc::ByteSize(peak)
+    );
+    assert!(stdout.contains(&expected), "{expected}\n{stdout}");
     assert_eq!(graph["steps"], 20, "{graph}");
     assert_eq!(graph["compared_with"], "pool");
     assert!(graph["max_relative_loss_difference"].as_f64().unwrap() <= 1e-5);
