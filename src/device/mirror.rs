@@ -240,6 +240,8 @@ impl Mirror {
     /// Writes every byte on the host without reading: no copy is made first, whatever is
     /// stale; the caller overwrites all of it. The device side is stale afterwards.
     pub fn host_overwrite(&mut self) -> Result<&mut [u8]> {
+        // The host copy first: a refused one leaves the newest bytes where they are.
+        self.host_copy()?;
         self.wrote_host();
         let len = self.len;
         Ok(self.host_copy()?.bytes_mut(len))
@@ -333,6 +335,10 @@ impl Mirror {
     pub(crate) fn host_ptr(&mut self, access: HostAccess) -> Result<*mut u8> {
         if access != HostAccess::Overwrite {
             self.make_host_current()?;
+        } else {
+            // The host copy before the stamp: a refused one leaves the newest bytes where
+            // they are.
+            self.host_copy()?;
         }
         if access != HostAccess::Read {
             self.wrote_host();

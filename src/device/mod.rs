@@ -44,7 +44,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ndmem_alloc::Usage;
+use ndmem_alloc::{ByteSize, Usage, ENV_MAX_BYTES, ENV_MAX_DEVICE_BYTES};
 
 use crate::error::{Error, Result};
 use crate::memory::MemorySource;
@@ -133,6 +133,9 @@ pub(crate) struct Inner {
     fence_lock: Mutex<()>,
     total_memory: usize,
     limit_given: DeviceLimit,
+    /// Where the limit was given in code (`SimConfig::limit`); `None`: from the
+    /// environment (`NDMEM_MAX_DEVICE_BYTES`, or its default when unset).
+    limit_setting: Option<&'static str>,
     /// The graph capture under way, if any ([`graph`]); `capturing` says so without the
     /// lock.
     capture: Mutex<Option<graph::Capture>>,
@@ -336,7 +339,7 @@ impl Device {
         ordinal: u32,
         backend: Backend,
         total_memory: usize,
-        (limit_given, setting): (DeviceLimit, Option<&str>),
+        (limit_given, setting): (DeviceLimit, Option<&'static str>),
         host: MemorySource,
     ) -> Result<Device> {
         let max_bytes = host.pool().limits().0;
@@ -354,6 +357,7 @@ impl Device {
                 fence_lock: Mutex::new(()),
                 total_memory,
                 limit_given,
+                limit_setting: setting,
                 capture: Mutex::new(None),
                 capturing: std::sync::atomic::AtomicBool::new(false),
             }),
@@ -394,6 +398,45 @@ impl Device {
     /// The limit as it was given (a size, a percentage, the default).
     pub fn limit_given(&self) -> DeviceLimit {
         self.inner.limit_given
+    }
+
+    /// What to raise when this device refuses at its limit of `limit` bytes (semantics §1,
+    /// §7): the setting that gave the limit, or, where the default applies, the side of
+    /// min(host `max_bytes`, 90% of the device) that set it.
+    pub(crate) fn limit_advice(&self, limit: usize) -> String {
+        let now = ByteSize(limit);
+        let setting = self.inner.limit_setting;
+        if self.inner.limit_given != DeviceLimit::Default {
+            return format!(
+                "raise {} (now {now})",
+                setting.unwrap_or(ENV_MAX_DEVICE_BYTES)
+            );
+        }
+        let unset = match setting {
+            Some(setting) => format!("{setting} DeviceLimit::Default"),
+            None => format!("{ENV_MAX_DEVICE_BYTES} unset"),
+        };
+        let host = self.inner.host.pool();
+        if host.limits().0 == Some(limit) {
+            let global = ndmem_alloc::Pool::try_global().is_ok_and(|g| std::ptr::eq(host, g));
+            let knob = host.max_bytes_knob().unwrap_or(if global {
+                ENV_MAX_BYTES
+            } else {
+                "the host pool's max_bytes"
+            });
+            format!(
+                "raise {knob} (now {now}): with {unset}, the device's limit is min({knob}, 90% \
+                 of the device)"
+            )
+        } else {
+            format!(
+                "the device's limit is 90% of its {} (now {now}), below the host pool's \
+                 max_bytes: with {unset} that is the most it gets; set {} to a larger share \
+                 (up to 100%) or free device memory",
+                ByteSize(self.inner.total_memory),
+                setting.unwrap_or(ENV_MAX_DEVICE_BYTES)
+            )
+        }
     }
 
     /// The host pool that its pinned buffers and host mirrors are counted in.
@@ -560,6 +603,31 @@ fn opened(device: Device) -> Device {
     open.retain(|d| d.strong_count() > 0);
     open.push(Arc::downgrade(&device.inner));
     device
+}
+
+thread_local! {
+    /// The device that refused an allocation on this thread last (its `Inner`'s address).
+    static LAST_REFUSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Notes `inner` as the device that refused on this thread last.
+pub(crate) fn note_refusal(inner: &Inner) {
+    LAST_REFUSED.with(|last| last.set(inner as *const Inner as usize));
+}
+
+/// The open device that refused an allocation of `[DEVICE ordinal]` at `limit` bytes: the
+/// one this thread saw refuse last if it matches, else the first open one that does.
+pub(crate) fn refusing_device(ordinal: u32, limit: usize) -> Option<Device> {
+    let last = LAST_REFUSED.with(std::cell::Cell::get);
+    let matching: Vec<Device> = open_devices()
+        .into_iter()
+        .filter(|d| d.ordinal() == ordinal && d.limit() == Some(limit))
+        .collect();
+    let noted = matching
+        .iter()
+        .position(|d| Arc::as_ptr(&d.inner) as usize == last)
+        .unwrap_or(0);
+    matching.into_iter().nth(noted)
 }
 
 /// The devices opened and still alive, in the order they were opened.

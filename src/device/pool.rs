@@ -176,6 +176,15 @@ impl Inner {
                 reason: "device buffers hold between 1 and isize::MAX bytes",
             }));
         }
+        if bytes >= ndmem_alloc::counter::UNLIMITED {
+            // As the host pool (semantics §1): no budget reaches 4 EiB, so this is no
+            // limit's refusal, and its advice could not be followed.
+            return Err(Error::Alloc(AllocError::InvalidLayout {
+                size: bytes,
+                align: MIN_CLASS,
+                reason: "more than any pool can hold (4 EiB, the largest budget)",
+            }));
+        }
         let (class, capacity) = size_class(bytes);
         let mut ptr = self.take_cached(class, capacity);
         if ptr.is_none() && class.is_some() && self.counters.deferred.load(Ordering::Relaxed) > 0 {
@@ -243,6 +252,9 @@ impl Inner {
                             variable: ENV_MAX_DEVICE_BYTES,
                             report: None,
                         };
+                        // Which device refused, for the report's advice (simulated devices
+                        // may share an ordinal).
+                        super::note_refusal(self);
                         // The timeline's OOM event and the `stats::on_oom` hooks.
                         ndmem_alloc::trace::refused_device(self.ordinal, exhausted.used, &error);
                         return Err(error.into());

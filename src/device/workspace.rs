@@ -175,18 +175,32 @@ impl DeviceWorkspace {
         }
     }
 
+    /// As a host workspace bumps (semantics §2.2): the start padded to `align` (at least
+    /// the workspace's alignment), the size rounded up to the workspace's alignment, no
+    /// further than `max_size`; a zero-size request takes no bytes.
     #[inline]
-    fn bump(&self, bytes: usize, align: usize) -> Option<(u64, usize)> {
+    fn bump(&self, bytes: usize, align: usize) -> Option<u64> {
         let buffer = self.buffer.as_ref()?;
         let base = buffer.ptr();
         let offset = self.offset.get();
-        let start = offset + padding((base as usize).wrapping_add(offset), align);
-        let end = start.checked_add(bytes)?;
-        if end > buffer.len() {
+        let start = offset.checked_add(padding((base as usize).wrapping_add(offset), align))?;
+        let end = start.checked_add(self.sizing.round(bytes))?;
+        if end > self.sizing.bump_limit(buffer.len()) {
             return None;
         }
-        self.offset.set(end);
-        Some((base + start as u64, bytes))
+        if bytes > 0 {
+            self.offset.set(end);
+        }
+        Some(base + start as u64)
+    }
+
+    /// Bytes a cycle may still bump (before padding).
+    fn available(&self) -> usize {
+        self.buffer.as_ref().map_or(0, |b| {
+            self.sizing
+                .bump_limit(b.len())
+                .saturating_sub(self.offset.get())
+        })
     }
 
     fn spill_allocate(&self, bytes: usize, align: usize) -> Result<u64> {
@@ -198,10 +212,7 @@ impl DeviceWorkspace {
             },
         ))?;
         if self.spill == SpillPolicy::Fail {
-            let available = self
-                .buffer
-                .as_ref()
-                .map_or(0, |b| b.len().saturating_sub(self.offset.get()));
+            let available = self.available();
             return Err(Error::WorkspaceFull {
                 workspace: self.name.clone(),
                 requested: counted,
@@ -277,8 +288,10 @@ impl DeviceCycle<'_> {
             }));
         }
         let ws = &*self.workspace;
+        // Every allocation is aligned to at least the workspace's alignment (§2.1).
+        let align = align.max(ws.sizing.align);
         let ptr = match ws.bump(bytes, align) {
-            Some((ptr, _)) => ptr,
+            Some(ptr) => ptr,
             None => ws.spill_allocate(bytes, align)?,
         };
         Ok(WorkspaceSlice {

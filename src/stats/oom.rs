@@ -253,19 +253,13 @@ fn limit_advice(error: &AllocError, pool: Option<&'static Pool>) -> String {
         AllocError::OutOfMemory { kind, limit, .. } => (*kind, *limit),
         _ => return "free memory or raise the limit".into(),
     };
-    if let MemoryKind::Device(_) = kind {
-        // Unset, the device limit follows the host pool's: name what set that, if named.
-        let knob = Pool::try_global().ok().and_then(Pool::max_bytes_knob);
-        let follows_pool =
-            Limits::from_env().is_ok_and(|l| l.sources.max_device_bytes == LimitSource::Default);
-        return match knob {
-            Some(knob) if follows_pool => format!(
-                "raise {knob} (now {}): with {ENV_MAX_DEVICE_BYTES} unset, the device's limit \
-                 is min({knob}, 90% of the device)",
-                ByteSize(limit)
-            ),
-            _ => format!("raise {ENV_MAX_DEVICE_BYTES} (now {})", ByteSize(limit)),
-        };
+    if let MemoryKind::Device(ordinal) = kind {
+        // The refusing device knows how its limit was given (ordinals are unique for CUDA;
+        // simulated devices may share one, and then the limit tells them apart).
+        return crate::device::refusing_device(ordinal, limit).map_or_else(
+            || format!("raise {ENV_MAX_DEVICE_BYTES} (now {})", ByteSize(limit)),
+            |device| device.limit_advice(limit),
+        );
     }
     if let Some(knob) = pool.and_then(Pool::max_bytes_knob) {
         return format!("raise {knob} (now {})", ByteSize(limit));

@@ -84,6 +84,16 @@ impl Sizing {
             .unwrap_or(usize::MAX - (self.align - 1))
     }
 
+    /// How far a cycle may bump in a buffer of `len` bytes: `len`, or `max_size` where the
+    /// buffer is larger (a pool's size class can round it past; semantics §2.1).
+    pub(crate) fn bump_limit(&self, len: usize) -> usize {
+        if self.max > 0 {
+            len.min(self.max)
+        } else {
+            len
+        }
+    }
+
     /// A buffer size clamped to `[min_size, max_size]` and rounded to the alignment.
     pub(crate) fn clamp(&self, bytes: usize) -> usize {
         let mut bytes = bytes.max(self.min);

@@ -142,7 +142,11 @@ fn out_of_memory_names_the_device_and_what_holds_its_memory() {
     let err = gpu.allocate(512 << 10).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("[DEVICE 3]"), "{msg}");
-    assert!(msg.contains("NDMEM_MAX_DEVICE_BYTES"), "{msg}");
+    // The limit was given in code: the advice names that setting (semantics §7).
+    assert!(
+        msg.contains("raise SimConfig::limit (now 1.00 MiB)"),
+        "{msg}"
+    );
     assert!(msg.contains("workspaces 256.0 KiB"), "{msg}");
     assert!(msg.contains("tensors 512.0 KiB"), "{msg}");
     // The device budget is named as such, not as the host's off-heap one.
@@ -408,4 +412,90 @@ fn a_refusal_names_the_os_thread_as_the_host_pool_does() {
         .unwrap();
     assert_eq!(device2, host2, "a spawned thread");
     assert_ne!(device, device2, "two threads, two ids");
+}
+
+#[test]
+fn the_advice_names_the_setting_that_gave_the_refusing_limit() {
+    // semantics §1 and §7: the out-of-memory advice names the knob that applies: the
+    // host pool's max_bytes when the default limit follows it, the device's share when
+    // 90% of the device is the smaller, and the setting that gave any other limit.
+    use ndmem::alloc::{Limits, Pool};
+    use ndmem::MemorySource;
+    let refusal = |gpu: &ndmem::device::Device, bytes: usize| match gpu.allocate(bytes) {
+        Err(e @ Error::Alloc(AllocError::OutOfMemory { .. })) => e.to_string(),
+        other => panic!("{other:?}"),
+    };
+    let small_host = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    let follows_host = device::sim(
+        SimConfig::new(5)
+            .total_memory(1 << 30)
+            .limit(DeviceLimit::Default)
+            .host(small_host),
+    )
+    .unwrap();
+    let text = refusal(&follows_host, 2 << 20);
+    assert!(
+        text.contains(
+            "raise the host pool's max_bytes (now 1.00 MiB): with SimConfig::limit \
+             DeviceLimit::Default, the device's limit is min(the host pool's max_bytes, 90% of \
+             the device)"
+        ),
+        "{text}"
+    );
+    let large_host = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 30).build()));
+    let share = device::sim(
+        SimConfig::new(5)
+            .total_memory(10 << 20)
+            .limit(DeviceLimit::Default)
+            .host(large_host),
+    )
+    .unwrap();
+    assert_eq!(share.limit(), Some(9 << 20));
+    let text = refusal(&share, 10 << 20);
+    assert!(
+        text.contains("the device's limit is 90% of its 10.0 MiB (now 9.00 MiB)")
+            && text.contains("set SimConfig::limit to a larger share (up to 100%)")
+            && !text.contains("raise the host pool"),
+        "{text}"
+    );
+    let given = device::sim(
+        SimConfig::new(5)
+            .total_memory(1 << 30)
+            .limit(DeviceLimit::Bytes(1 << 20)),
+    )
+    .unwrap();
+    let text = refusal(&given, 2 << 20);
+    assert!(
+        text.contains("raise SimConfig::limit (now 1.00 MiB)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_request_no_budget_can_hold_is_an_invalid_layout_not_an_oom() {
+    // semantics §1 (as for the host pool): a request of 4 EiB or more is `InvalidLayout`
+    // ("more than any pool can hold"), even on a device with no limit: no advice to raise
+    // a limit, no failure counted, no hook called.
+    let gpu = device::sim(
+        SimConfig::new(6)
+            .total_memory(1 << 30)
+            .limit(DeviceLimit::Unlimited),
+    )
+    .unwrap();
+    assert_eq!(gpu.limit(), None);
+    for bytes in [1usize << 62, isize::MAX as usize] {
+        match gpu.allocate(bytes) {
+            Err(Error::Alloc(AllocError::InvalidLayout { size, reason, .. })) => {
+                assert_eq!(size, bytes);
+                assert!(reason.contains("more than any pool can hold"), "{reason}");
+            }
+            other => panic!("{bytes}: {other:?}"),
+        }
+    }
+    assert_eq!(gpu.stats().failed_allocations, 0);
+    // The largest request below it is the driver's to refuse (the device has 1 GiB).
+    assert!(matches!(
+        gpu.allocate((1usize << 62) - 1),
+        Err(Error::Device { .. })
+    ));
 }

@@ -296,3 +296,38 @@ fn random_scripts_never_read_stale_data_and_copy_minimally() {
         }
     }
 }
+
+#[test]
+fn a_refused_host_overwrite_keeps_the_device_data() {
+    // semantics §5.5 (stale bytes are never read) and §1 (a failure changes nothing): a
+    // host overwrite whose host copy the pool refuses leaves the device side the newest,
+    // so the next host read downloads it.
+    use ndmem::alloc::{Limits, Pool};
+    use ndmem::device::{self, DeviceLimit, SimConfig};
+    use ndmem::MemorySource;
+    let host = MemorySource::new(Pool::new(Limits::builder().max_bytes(2 << 20).build()));
+    let gpu = device::sim(
+        SimConfig::new(0)
+            .total_memory(1 << 30)
+            .limit(DeviceLimit::Unlimited)
+            .host(host),
+    )
+    .unwrap();
+    let mut m = Mirror::new(&gpu, 600 << 10, MirroringPolicy::Full).unwrap();
+    {
+        let mut side = m.device_mut().unwrap();
+        gpu.fill(&mut side, 7).unwrap();
+    }
+    // 1.5 MiB of a 2 MiB pool: no room for a 600 KiB host copy (the fill's cached
+    // staging block is given back to make room for the hog).
+    let hog = host.pool().allocate(3 << 19, 64).unwrap();
+    let stamps = m.stamps();
+    match m.host_overwrite() {
+        Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+        Ok(_) => panic!("the host copy fit: {:?}", host.pool().stats()),
+    }
+    assert_eq!(m.stamps(), stamps, "a refusal changes no stamp");
+    drop(hog);
+    assert!(m.host().unwrap().iter().all(|b| *b == 7));
+    assert_eq!(gpu.stats().dtoh_transfers, 1);
+}

@@ -135,6 +135,77 @@ fn bad_alignment_is_an_error() {
     assert!(cycle.allocate(64, 4096).unwrap().device_ptr() % 4096 == 0);
 }
 
+#[test]
+fn a_bump_follows_the_workspace_alignment_and_rounds_sizes_as_on_the_host() {
+    // semantics §5.6 and §2.1/§2.2: every allocation starts at a multiple of
+    // max(alignment, align) and takes its size rounded up to the alignment.
+    let gpu = sim(0, 1 << 30);
+    let aligned = WorkspaceConfig::builder().alignment(256).build().unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "ALIGNED", &aligned).unwrap();
+    for cycle in 0..2 {
+        let c = ws.enter();
+        let a = c.allocate(10, 1).unwrap();
+        let b = c.allocate(10, 1).unwrap();
+        assert_eq!(a.device_ptr() % 256, 0, "cycle {cycle}");
+        assert_eq!(b.device_ptr() % 256, 0, "cycle {cycle}");
+        if cycle == 1 {
+            assert_eq!(
+                b.device_ptr().wrapping_sub(a.device_ptr()),
+                256,
+                "bumped, one aligned step: {a:?} {b:?} {:?}",
+                c.stats()
+            );
+            assert_eq!(c.stats().used, 512);
+        }
+    }
+    let fixed = WorkspaceConfig::builder()
+        .initial_size(4096)
+        .build()
+        .unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "ROUNDED", &fixed).unwrap();
+    let c = ws.enter();
+    let _five_doubles = c.allocate(40, 8).unwrap();
+    assert_eq!(
+        c.stats().used,
+        48,
+        "5 doubles take 48 bytes at alignment 16"
+    );
+    let empty = c.allocate(0, 64).unwrap();
+    assert_eq!(empty.device_ptr() % 64, 0);
+    assert_eq!(c.stats().used, 48, "a zero-size request takes no bytes");
+}
+
+#[test]
+fn a_cycle_bumps_no_further_than_max_size() {
+    // semantics §2.1: a cycle bumps no further than `max_size` even where the buffer is
+    // larger (here the device's 256-byte granularity rounds 1,000 up).
+    let gpu = sim(0, 1 << 30);
+    let config = WorkspaceConfig::builder()
+        .initial_size(1000)
+        .max_size(1000)
+        .policy_spill(SpillPolicy::Fail)
+        .build()
+        .unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "MAX", &config).unwrap();
+    assert!(ws.stats().buffer_bytes > 1000, "{:?}", ws.stats());
+    let c = ws.enter();
+    c.allocate(992, 16).unwrap();
+    match c.allocate(16, 16) {
+        Err(Error::WorkspaceFull {
+            workspace,
+            requested,
+            available,
+        }) => assert_eq!((workspace.as_str(), requested, available), ("MAX", 16, 8)),
+        other => panic!("{other:?}"),
+    }
+    // Even 8 bytes take 16 at alignment 16: the 8 left below `max_size` cannot hold them.
+    assert!(matches!(
+        c.allocate(8, 8),
+        Err(Error::WorkspaceFull { available: 8, .. })
+    ));
+    assert_eq!(c.stats().used, 992);
+}
+
 /// The host-side cost of a learned device workspace's allocation (a bump, no driver call).
 /// Timing only: `cargo test --release -p ndmem --test device -- --ignored bump_cost`.
 #[test]
