@@ -134,7 +134,8 @@ pub struct Event {
     pub space: Space,
     /// The pool, workspace or scope.
     pub name: NameId,
-    /// The recorder's small id of the thread (1, 2, ... in order of first event).
+    /// The recorder's small id of the thread (1, 2, ... in order of first event; 24 bits,
+    /// so ids repeat only after 16,777,215 recording threads).
     pub thread: u32,
     /// Bytes of the event (see [`EventKind`]).
     pub bytes: u64,
@@ -391,16 +392,40 @@ fn record_on(kind: EventKind, space: Space, name: NameId, bytes: u64, value: u64
         return;
     };
     if let Some(ring) = ring {
-        let meta = kind as u64
-            | (space as u64) << 8
-            | (u64::from(thread) & 0xffff) << 16
-            | u64::from(name.0) << 32;
-        ring.push(meta, bytes, value);
+        ring.push(pack(kind, space, thread, name), bytes, value);
     }
 }
 
+/// An event keeps 24 bits of its thread's id, beside 4 of its kind, 4 of its space and 32
+/// of its name, in one word.
+const THREAD_MASK: u32 = (1 << 24) - 1;
+
+/// A thread's id as its events carry it: ids repeat only after 16,777,215 recording
+/// threads.
+fn shown_thread(thread: u32) -> u32 {
+    thread & THREAD_MASK
+}
+
+/// An event's kind, space, thread and name in one word.
+fn pack(kind: EventKind, space: Space, thread: u32, name: NameId) -> u64 {
+    kind as u64
+        | (space as u64) << 4
+        | u64::from(shown_thread(thread)) << 8
+        | u64::from(name.0) << 32
+}
+
+/// What [`pack`] packed (the thread's id as shown).
+fn unpack(meta: u64) -> (EventKind, Space, u32, NameId) {
+    (
+        EventKind::ALL[(meta & 0xf) as usize % EventKind::ALL.len()],
+        Space::ALL[((meta >> 4) & 0xf) as usize % Space::ALL.len()],
+        ((meta >> 8) as u32) & THREAD_MASK,
+        NameId((meta >> 32) as u32),
+    )
+}
+
 /// The recorder's small id of the calling thread ([`Event::thread`]), assigned on first
-/// use.
+/// use; the id its events carry.
 pub fn thread_id() -> u32 {
     LOCAL
         .try_with(|local| {
@@ -409,7 +434,7 @@ pub fn thread_id() -> u32 {
                 thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
                 local.set((generation, ring, thread));
             }
-            thread
+            shown_thread(thread)
         })
         .unwrap_or(0)
 }
@@ -442,6 +467,18 @@ fn pool_name(address: usize) -> NameId {
         }
     }
     new_pool_name(address)
+}
+
+/// Names the pool whose [`crate::Pool::id`] is `pool` in the timeline: its events read
+/// `name` from now on, those recorded already included (names are looked up when events
+/// are read). ndmem's `stats::register` calls it, so the timeline and the summary name a
+/// pool alike. The global pool keeps reading `global pool`.
+pub fn name_pool(pool: usize, name: &str) {
+    let id = pool_name(pool);
+    let mut names = NAMES.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(entry) = names.get_mut(id.0 as usize) {
+        entry.1 = name.to_string();
+    }
 }
 
 #[cold]
@@ -534,15 +571,14 @@ pub fn events() -> Vec<Event> {
         let Some((time, bytes, value, meta)) = ring.read(seq) else {
             continue;
         };
-        let kind = EventKind::ALL[(meta & 0xff) as usize % EventKind::ALL.len()];
-        let space = Space::ALL[((meta >> 8) & 0xff) as usize % Space::ALL.len()];
+        let (kind, space, thread, name) = unpack(meta);
         out.push(Event {
             seq,
             time_ns: (time.saturating_sub(base) as f64 * scale) as u64,
             kind,
             space,
-            name: NameId((meta >> 32) as u32),
-            thread: ((meta >> 16) & 0xffff) as u32,
+            name,
+            thread,
             bytes,
             value,
         });
@@ -769,6 +805,9 @@ pub fn refused(pool: usize, held: usize, error: &AllocError) {
     let observer = *OOM_OBSERVER.read().unwrap_or_else(PoisonError::into_inner);
     if let Some(observer) = observer {
         observer(error);
+        // A refusal inside the observer (a hook that allocates) named its own pool: the
+        // error about to be returned is still this pool's.
+        let _ = LAST_REFUSED.try_with(|last| last.set(pool));
     }
 }
 
@@ -790,6 +829,26 @@ pub fn refused_device(ordinal: u32, held: usize, error: &AllocError) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_word_keeps_kind_space_name_and_24_bits_of_thread() {
+        for (thread, shown) in [(1, 1), (65_545, 65_545), (THREAD_MASK, THREAD_MASK)] {
+            for kind in EventKind::ALL {
+                for space in Space::ALL {
+                    let name = NameId(u32::MAX - thread);
+                    assert_eq!(
+                        unpack(pack(kind, space, thread, name)),
+                        (kind, space, shown, name)
+                    );
+                }
+            }
+        }
+        // Past 24 bits the id repeats, as documented on `Event::thread`.
+        assert_eq!(
+            unpack(pack(EventKind::Free, Space::Scope, 1 << 24 | 9, NameId(3))).2,
+            9
+        );
+    }
 
     #[test]
     fn kinds_and_spaces_round_trip_through_their_index() {

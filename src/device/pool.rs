@@ -257,6 +257,8 @@ impl Inner {
                         super::note_refusal(self);
                         // The timeline's OOM event and the `stats::on_oom` hooks.
                         ndmem_alloc::trace::refused_device(self.ordinal, exhausted.used, &error);
+                        // A refusal inside a hook noted its own device: this error is ours.
+                        super::note_refusal(self);
                         return Err(error.into());
                     }
                     // Relief, then one retry (counted even when relief itself serves it).

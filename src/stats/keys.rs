@@ -18,7 +18,7 @@
 //! | `segment.all.current` | `os_allocations - os_frees` |
 //! | `segment.all.allocated` / `.freed` | `os_allocations` / `os_frees` |
 //! | `num_device_alloc` / `num_device_free` | `os_allocations` / `os_frees` |
-//! | `num_alloc_retries` | retries after relieving pressure at a limit, every pool |
+//! | `num_alloc_retries` | the pool's retries after relieving pressure at a limit |
 //! | `num_ooms` | `failed_allocations` |
 //! | `ndmem.heap.*` | the heap's `current`, `peak`, `allocated`, `freed` bytes |
 //! | `ndmem.workspaces.buffer_bytes` / `.spilled_bytes` | sums over every workspace |

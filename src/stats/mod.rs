@@ -99,7 +99,7 @@ impl BudgetCounters {
                 allocated: 0,
                 freed: 0,
             },
-            num_alloc_retries: trace::retries(),
+            num_alloc_retries: s.alloc_retries,
             num_ooms: s.failed_allocations,
             os_allocations: s.os_allocations,
             os_frees: s.os_frees,
@@ -311,8 +311,10 @@ static REGISTERED: RwLock<Vec<(String, MemorySource)>> = RwLock::new(Vec::new())
 static SCOPE_PEAKS: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
 
 /// Adds `source`'s pool to what [`snapshot`], [`reset_peak`] and [`memory_summary`] read,
-/// under `name`. Registering the same pool again renames it.
+/// under `name`, which the timeline's events of that pool carry too (semantics §7).
+/// Registering the same pool again renames it.
 pub fn register(name: &str, source: MemorySource) {
+    ndmem_alloc::trace::name_pool(source.pool().id(), name);
     let mut list = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
     match list.iter_mut().find(|(_, s)| *s == source) {
         Some(entry) => entry.0 = name.to_string(),
@@ -456,7 +458,8 @@ pub fn reset_peak() {
 }
 
 /// [`reset_peak`] for the pools of `sources` and the scopes drawing from them, instead
-/// of the global and registered pools and every scope.
+/// of the global and registered pools and every scope; the heap's peak is restarted too
+/// (every snapshot, [`snapshot_of`]'s included, shows it), the devices' are not.
 pub fn reset_peak_of(sources: &[MemorySource]) {
     heap::reset_peak();
     for source in sources {

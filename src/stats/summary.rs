@@ -40,6 +40,16 @@ fn fit(text: &str, width: usize) -> String {
     }
 }
 
+/// A budget row's label, `what [name] figure`, within [`LABEL`] characters: a long name is
+/// cut (marked `~`), never the figure's word, so the rows of one name stay apart.
+fn named(what: &str, name: &str, figure: &str) -> String {
+    let frame = what.chars().count() + figure.chars().count() + "[] ".len() + 1;
+    format!(
+        "{what} [{}] {figure}",
+        fit(name, LABEL.saturating_sub(frame).max(2))
+    )
+}
+
 /// What the budget part of the table holds in a row beside its label.
 enum Figures {
     /// Four figures, one a column.
@@ -258,20 +268,20 @@ impl Snapshot {
         }
         for pool in &self.pools {
             let c = &pool.counters;
-            cells(format!("pool [{}] live", pool.name), byte_cells(&c.bytes));
+            cells(named("pool", &pool.name, "live"), byte_cells(&c.bytes));
             cells(
-                format!("pool [{}] live+cached", pool.name),
+                named("pool", &pool.name, "live+cached"),
                 reserved_cells(&c.reserved),
             );
             if let Some(count) = &c.count {
-                cells(format!("pool [{}] blocks", pool.name), count_cells(count));
+                cells(named("pool", &pool.name, "blocks"), count_cells(count));
             }
         }
         for d in &self.devices {
             let c = &d.counters;
-            cells(format!("device [{}] live", d.id), byte_cells(&c.bytes));
+            cells(named("device", &d.id, "live"), byte_cells(&c.bytes));
             cells(
-                format!("device [{}] live+cached", d.id),
+                named("device", &d.id, "live+cached"),
                 reserved_cells(&c.reserved),
             );
         }
@@ -444,6 +454,22 @@ mod tests {
         assert!(widths.iter().all(|w| *w == widths[0]), "{summary}");
         assert_eq!(widths[0], 2 + LABEL + 4 * (3 + MIN_CELL) + 2, "{summary}");
         assert!(summary.contains("| heap allocations"), "{summary}");
+    }
+
+    #[test]
+    fn a_long_pool_name_is_cut_so_its_rows_stay_apart() {
+        let summary = snapshot(true, BudgetCounters::default()).to_string();
+        let labels: Vec<&str> = summary
+            .lines()
+            .filter(|l| l.starts_with("| pool ["))
+            .map(|l| l[2..2 + LABEL].trim_end())
+            .collect();
+        assert_eq!(labels.len(), 2, "{summary}");
+        for (label, figure) in labels.iter().zip(["live", "live+cached"]) {
+            assert!(label.starts_with("pool [a pool who"), "{label}");
+            assert!(label.ends_with(&format!("~] {figure}")), "{label}");
+        }
+        assert_eq!(named("pool", "gpu", "live"), "pool [gpu] live");
     }
 
     #[test]

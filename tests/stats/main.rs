@@ -284,6 +284,52 @@ fn my_events() -> Vec<(EventKind, Space, u64)> {
 }
 
 #[test]
+fn retries_are_counted_per_pool() {
+    // semantics §7: a pool's `num_alloc_retries` counts its own reliefs at a limit.
+    let tight = own_source(1 << 20);
+    let idle = own_source(1 << 20);
+    let held = tight.pool().allocate(600 << 10, 16).unwrap();
+    assert!(tight.pool().allocate(600 << 10, 16).is_err()); // relief, retry, refusal
+    drop(held);
+    let again = tight.pool().allocate(600 << 10, 16).unwrap(); // fits: no retry
+    assert_eq!(tight.pool().stats().alloc_retries, 1);
+    assert_eq!(tight.pool().stats().failed_allocations, 1);
+    assert_eq!(idle.pool().stats().alloc_retries, 0);
+    let snap = stats::snapshot_of(&[tight, idle]);
+    let retries: Vec<u64> = snap
+        .pools
+        .iter()
+        .map(|p| p.counters.num_alloc_retries)
+        .collect();
+    assert_eq!(retries, [1, 0]);
+    drop(again);
+}
+
+#[test]
+fn a_registered_pools_events_carry_its_registered_name() {
+    // semantics §7: the timeline names a pool as the summary does once it is registered,
+    // its events recorded before the registration included.
+    let _lock = trace_lock();
+    let source = own_source(1 << 20);
+    trace::start(64).unwrap();
+    drop(source.pool().allocate(100, 16).unwrap());
+    stats::register("named-in-timeline", source);
+    drop(source.pool().allocate(300, 16).unwrap());
+    trace::stop();
+    let me = trace::thread_id();
+    let names: Vec<(EventKind, String)> = trace::events()
+        .into_iter()
+        .filter(|e| e.thread == me && e.space == Space::Pool)
+        .map(|e| (e.kind, trace::name(e.name)))
+        .collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(
+        names.iter().all(|(_, n)| n == "named-in-timeline"),
+        "{names:?}"
+    );
+}
+
+#[test]
 fn the_trace_of_a_scripted_workload_has_exactly_the_expected_events() {
     let _lock = trace_lock();
     let source = own_source(4 << 20);
@@ -804,6 +850,31 @@ fn recording_pool_and_bump_events_allocates_nothing() {
         .count();
     assert_eq!(recorded, 201, "the pool's and the workspace's events");
     assert_eq!(allocations, 0, "recording allocated");
+}
+
+#[test]
+fn a_refusal_inside_a_hook_leaves_the_error_its_own_report() {
+    // semantics §7: a refusal inside a hook calls no hook again, and the error returned
+    // for the first refusal carries the report of its own pool (holders and advice), not
+    // of the pool that refused inside the hook.
+    static HOOK_REPORTS: AtomicUsize = AtomicUsize::new(0);
+    stats::on_oom(|report| {
+        if report.to_string().contains("hook-reentry") {
+            HOOK_REPORTS.fetch_add(1, Ordering::Relaxed);
+            let tiny = Pool::new(Limits::builder().max_bytes(64).build());
+            assert!(tiny.allocate(4096, 16).is_err());
+        }
+    });
+    let source = own_source(1 << 20);
+    let scope = Scope::new_base_in("hook-reentry", source);
+    let _held = scope.zeros(DType::U8, &[600 << 10]).unwrap();
+    let err = scope.zeros(DType::U8, &[600 << 10]).unwrap_err();
+    let text = err.to_string();
+    assert_eq!(HOOK_REPORTS.load(Ordering::Relaxed), 1);
+    assert!(
+        text.contains("640.0 KiB [hook-reentry]") && text.contains("close scope [hook-reentry]"),
+        "{text}"
+    );
 }
 
 #[test]

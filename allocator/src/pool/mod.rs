@@ -724,6 +724,7 @@ impl Core {
                 return Err(refusal);
             }
             relieved = true;
+            self.books.retry();
             crate::trace::count_retry();
             if let Err(message) = self.reclaimers.run(self as *const Core as usize) {
                 self.books.failure();

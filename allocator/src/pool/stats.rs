@@ -104,6 +104,9 @@ pub struct PoolStats {
     pub os_frees: u64,
     /// Requests refused at a limit.
     pub failed_allocations: u64,
+    /// Requests that met a limit, relieved the pressure (deferred frees, cached blocks)
+    /// and tried once more (this pool's part of PyTorch's `num_alloc_retries`).
+    pub alloc_retries: u64,
 }
 
 /// Counts summed from the books and the threads' tallies.
@@ -175,6 +178,7 @@ pub(super) struct Books {
     os_allocations: AtomicU64,
     os_frees: AtomicU64,
     failed: AtomicU64,
+    retries: AtomicU64,
     /// The sum of the live bytes published so far (by threads, in batches).
     published: AtomicIsize,
     /// The highest `published` (or exact live figure read) since the last reset.
@@ -194,6 +198,7 @@ impl Books {
             os_allocations: AtomicU64::new(0),
             os_frees: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
             published: AtomicIsize::new(0),
             peak: AtomicUsize::new(0),
         }
@@ -269,6 +274,11 @@ impl Books {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a relief at a limit followed by a retry.
+    pub(super) fn retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// These books' own counts (the threads' tallies are added by the registry).
     pub(super) fn figures(&self) -> Figures {
         // Freed is read before allocated: a free follows its allocation, so live never
@@ -307,6 +317,7 @@ impl Books {
             os_allocations: self.os_allocations.load(Ordering::Relaxed),
             os_frees: self.os_frees.load(Ordering::Relaxed),
             failed_allocations: self.failed.load(Ordering::Relaxed),
+            alloc_retries: self.retries.load(Ordering::Relaxed),
             ..PoolStats::default()
         }
     }
