@@ -70,7 +70,16 @@ pub(crate) fn parse_device_size(text: &str) -> Result<Option<usize>, ConfigError
     if suffix != b"%" {
         return parse_size_named(ENV_MAX_DEVICE_BYTES, text).map(|n| (n > 0).then_some(n));
     }
-    if whole.len() > 4 || fraction.map_or(0, <[u8]>::len) > 12 {
+    // Leading zeros of the whole part and trailing ones of the fraction say nothing.
+    let significant = |digits: &[u8], zeros_at_start: bool| {
+        let zero = |d: &&u8| **d == b'0';
+        if zeros_at_start {
+            digits.iter().skip_while(zero).count()
+        } else {
+            digits.iter().rev().skip_while(zero).count()
+        }
+    };
+    if significant(whole, true) > 4 || fraction.map_or(0, |f| significant(f, false)) > 12 {
         return Err(invalid("it has too many digits"));
     }
     percentage(whole, fraction, PercentOf::Device).map_err(invalid)?;

@@ -71,12 +71,21 @@ impl DeviceLimit {
             {
                 return Err(invalid(text, "a percentage must be a number followed by %"));
             }
+            // Leading zeros of the whole part and trailing ones of the fraction say nothing
+            // (`050%` is `50%`).
+            let (whole, fraction) = (
+                whole.trim_start_matches('0'),
+                fraction.trim_end_matches('0'),
+            );
             if fraction.len() > 12 || whole.len() > 4 {
                 return Err(invalid(text, "it has too many digits"));
             }
-            let scaled: u64 = format!("{whole}{fraction}")
-                .parse()
-                .map_err(|_| invalid(text, "it does not start with a number"))?;
+            let scaled: u64 = match format!("{whole}{fraction}").as_str() {
+                "" => 0,
+                digits => digits
+                    .parse()
+                    .map_err(|_| invalid(text, "it does not start with a number"))?,
+            };
             let denominator = 10u64.pow(fraction.len() as u32);
             if scaled > 100 * denominator {
                 return Err(invalid(
@@ -306,6 +315,29 @@ mod tests {
                 .unwrap(),
             Some(77)
         );
+    }
+
+    #[test]
+    fn zeros_that_say_nothing_do_not_count_as_digits() {
+        for (text, same_as) in [
+            ("00050%", "50%"),
+            ("012.50000000000000%", "12.5%"),
+            ("0000.0%", "0%"),
+        ] {
+            assert_eq!(
+                DeviceLimit::parse(text).unwrap(),
+                DeviceLimit::parse(same_as).unwrap(),
+                "{text}"
+            );
+            crate::alloc::Limits::from_lookup(|n| {
+                Ok((n == crate::alloc::ENV_MAX_DEVICE_BYTES).then(|| text.to_string()))
+            })
+            .unwrap();
+        }
+        for text in ["12345%", "0.1234567890123%"] {
+            let e = DeviceLimit::parse(text).unwrap_err().to_string();
+            assert!(e.contains("too many digits"), "{text}: {e}");
+        }
     }
 
     #[test]
