@@ -418,7 +418,12 @@ impl Tensor {
             NewStorage::allocate(op, bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
         {
             let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut(op)?);
-            fill(&mut data[..n])?;
+            // An empty result has nothing to fill (its operands were checked already): the
+            // fill is skipped, so an op over an empty tensor never walks its lanes, of which
+            // a shape like [0, 2^40] has 2^40.
+            if n > 0 {
+                fill(&mut data[..n])?;
+            }
         }
         Ok(Tensor {
             storage: storage.share(op)?,

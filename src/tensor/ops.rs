@@ -688,7 +688,9 @@ impl Tensor {
     }
 
     /// `self += alpha * x` in place (BLAS `axpy`; an SGD step is `w.scaled_add(-lr, &g)`).
-    /// Needs the only handle to the memory. Integers wrap on overflow.
+    /// Needs the only handle to the memory. On an integer tensor `alpha` is converted to the
+    /// dtype first, like `as` (as the scalar of [`Tensor::add_scalar`]: `-0.5` is 0, and
+    /// `-1.0` is 0 on `U8`), then the products and sums wrap on overflow.
     pub fn scaled_add(&mut self, alpha: f64, x: &Tensor) -> Result<()> {
         if let Some(on_device) = self.device_update("scaled_add", Some(alpha as f32), x) {
             return on_device;
@@ -737,6 +739,12 @@ impl Tensor {
         // `src` cannot alias: a second handle to this memory makes the write below refuse.
         let (shape, strides, offset) = (self.shape.clone(), self.strides.clone(), self.offset);
         let bytes = Owned::write_exclusive(&mut self.storage, op, &pin)?;
+        if shape.contains(&0) {
+            // No element to write (the arguments were checked): as NumPy's `a[...] = b`.
+            // (The view below could not be made: an empty tensor's memory holds one
+            // element, fewer than its strides span.)
+            return Ok(());
+        }
         let data: &mut [T] = bytemuck::cast_slice_mut(bytes);
         let layout = ndarray::IxDyn(&shape).strides(ndarray::IxDyn(&strides));
         let mut dest =

@@ -311,6 +311,38 @@ fn zero_size_shapes_with_huge_axes_are_shape_errors_not_panics() {
     let t = wide.transpose().unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), Vec::<f32>::new());
     assert_eq!(t.reshape(&[0]).unwrap().shape(), &[0]);
+    // Ops over its 2^40 empty lanes answer at once: an empty result is not filled.
+    for (name, out) in [
+        ("softmax(0)", wide.softmax(0)),
+        ("log_softmax(0)", wide.log_softmax(0)),
+        ("transposed softmax(1)", t.softmax(1)),
+        ("relu", wide.relu()),
+    ] {
+        assert_eq!(out.unwrap().len(), 0, "{name}");
+    }
+}
+
+#[test]
+fn an_in_place_update_of_an_empty_tensor_from_a_broadcast_source_writes_nothing() {
+    // `assign` copies `src` broadcast to this shape; with no element, nothing (NumPy's
+    // `a[...] = b`), whatever strides the empty shape has.
+    for (target, source) in [
+        (&[0usize, 3][..], &[3usize][..]),
+        (&[0, 3], &[1, 3]),
+        (&[0, 5, 4], &[4]),
+    ] {
+        let mut e = Tensor::zeros(DType::F32, target).unwrap();
+        e.assign(&Tensor::ones(DType::F32, source).unwrap())
+            .unwrap();
+        e.scaled_add(2.0, &Tensor::ones(DType::F32, source).unwrap())
+            .unwrap();
+        assert_eq!(e.shape(), target);
+        // A source that does not broadcast is still refused.
+        assert!(matches!(
+            e.assign(&Tensor::ones(DType::F32, &[2]).unwrap()),
+            Err(Error::Shape { .. })
+        ));
+    }
 }
 
 #[test]
