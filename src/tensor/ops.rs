@@ -270,6 +270,9 @@ impl Tensor {
     }
 
     /// `max(self, 0)`.
+    ///
+    /// `relu(NaN)` is 0 here and on every device (the kernels compute `x > 0 ? x : 0`),
+    /// where PyTorch keeps the NaN.
     pub fn relu(&self) -> Result<Tensor> {
         if let Some(on_device) = self.device_unary("relu", UnaryOp::Relu) {
             return on_device;
@@ -470,7 +473,9 @@ impl Tensor {
     }
 
     /// Index of the largest element along `axis` (an `i64` tensor without that axis; the
-    /// first on ties; ndarray has no argmax kernel, so this one is ndmem's). An axis of length 0 has no largest element: [`Error::Shape`].
+    /// first on ties; ndarray has no argmax kernel, so this one is ndmem's). A NaN counts as
+    /// the largest, so a lane holding one answers its first NaN, as NumPy's and PyTorch's
+    /// `argmax` do. An axis of length 0 has no largest element: [`Error::Shape`].
     pub fn argmax(&self, axis: usize) -> Result<Tensor> {
         check_axis("argmax", axis, self.ndim())?;
         if self.shape[axis] == 0 {
@@ -489,9 +494,14 @@ impl Tensor {
             let x = self.array::<T>("argmax", "X", &pin)?;
             Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&*self.storage)), |mut out| {
                 Zip::from(&mut out).and(x.lanes(Axis(axis))).for_each(|o, lane| {
+                    // NaN is the only value that is not comparable with itself.
+                    let is_nan = |v: &T| v.partial_cmp(v).is_none();
                     let mut best = 0;
                     for (i, v) in lane.iter().enumerate() {
-                        if *v > lane[best] {
+                        if is_nan(&lane[best]) {
+                            break;
+                        }
+                        if is_nan(v) || *v > lane[best] {
                             best = i;
                         }
                     }

@@ -432,6 +432,31 @@ fn integer_arithmetic_wraps_and_undefined_division_is_an_error() {
 }
 
 #[test]
+fn argmax_answers_the_first_nan_as_numpy_does() {
+    let lanes = |data: &[f32]| {
+        Tensor::from_slice(data, &[1, data.len()])
+            .unwrap()
+            .argmax(1)
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap()[0]
+    };
+    let nan = f32::NAN;
+    assert_eq!(lanes(&[1.0, nan, 3.0]), 1);
+    assert_eq!(lanes(&[nan, 1.0]), 0);
+    assert_eq!(lanes(&[2.0, nan, nan, 5.0]), 1);
+    assert_eq!(
+        lanes(&[1.0, 3.0, 3.0, f32::NEG_INFINITY]),
+        1,
+        "the first on ties"
+    );
+    assert_eq!(lanes(&[f32::NEG_INFINITY, f32::INFINITY]), 1);
+    // Integers have no NaN: the largest, the first on ties.
+    let ints = Tensor::from_slice(&[3i32, 9, 9, -1], &[4]).unwrap();
+    assert_eq!(ints.argmax(0).unwrap().to_vec::<i64>().unwrap(), vec![1]);
+}
+
+#[test]
 fn mean_of_no_elements_is_an_error_and_argmax_of_an_empty_axis_too() {
     let empty = Tensor::zeros(DType::F64, &[0, 3]).unwrap();
     assert!(matches!(empty.mean(), Err(Error::Shape { .. })));
