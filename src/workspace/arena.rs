@@ -23,7 +23,7 @@ use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
 use ndmem_alloc::trace::{self, EventKind, NameId, Space};
-use ndmem_alloc::{AllocError, Usage};
+use ndmem_alloc::{AllocError, MemoryKind, Usage};
 
 use super::buffer::{claim_path, Buffer, FileClaim};
 use super::bump::{dangling, Region};
@@ -108,10 +108,46 @@ pub(crate) struct Arena {
     published: Arc<Published>,
 }
 
+/// Heap a new workspace's fixed bookkeeping takes at most, beside copies of its name: its
+/// state, its figures for other threads, its entries in the thread's lists (which may
+/// grow) and in the recorder's names.
+const FIXED_BOOKKEEPING: usize = 16 << 10;
+
+/// Whether the heap has room for a new workspace's bookkeeping (its fixed part and
+/// `ring_refs` bytes of ring references), which Rust allocates infallibly (an abort at a
+/// heap limit): one fallible allocation of that size, given back at once, so that a heap
+/// at its limit makes creating the workspace an error (semantics §2.1). A ring made later
+/// (learned) checks its references where they are made.
+fn check_heap_room(id: &str, ring_refs: usize) -> Result<(), Error> {
+    let bytes = FIXED_BOOKKEEPING
+        + ring_refs
+        + std::mem::size_of::<Arena>()
+        + std::mem::size_of::<Shared>()
+        + std::mem::size_of::<Published>()
+        + id.len().saturating_mul(4);
+    let mut probe: Vec<u8> = Vec::new();
+    probe.try_reserve_exact(bytes).map_err(|_| {
+        Error::Alloc(AllocError::Os {
+            kind: MemoryKind::Host,
+            requested: bytes,
+            errno: 12, // ENOMEM
+        })
+    })
+}
+
 impl Arena {
     /// A workspace `id` of the calling thread; with `initial_size > 0` its buffer is
     /// allocated now.
     pub(crate) fn new(id: &str, config: &WorkspaceConfig, mode: DebugMode) -> Result<Arena, Error> {
+        // A ring made now (with `initial_size`) has a reference per slot: its list and
+        // the references themselves (each an `Arc` of a `SlotRef`: two counts and a pointer).
+        let ring_refs = match config.sizing().initial_ring(config.initial_size()) {
+            Some(shape) if config.is_circular() && config.initial_size() > 0 => {
+                shape.slots.saturating_mul(4 * std::mem::size_of::<usize>())
+            }
+            _ => 0,
+        };
+        check_heap_room(id, ring_refs)?;
         let claim = match config.policy_location() {
             LocationPolicy::Mmap { path: Some(path) } => Some(claim_path(id, path)?),
             _ => None,

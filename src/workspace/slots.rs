@@ -30,11 +30,20 @@ impl<T> SlotRefs<T> {
         SlotRefs { refs: Vec::new() }
     }
 
-    /// One reference per slot, to `make(slot)`; `None` if the heap cannot hold the list
-    /// (the count comes from a configuration, so the list is allocated fallibly).
+    /// One reference per slot, to `make(slot)`; `None` if the heap cannot hold them (the
+    /// count comes from a configuration, so they are allocated fallibly: the list, and,
+    /// since each `Arc` is an allocation Rust makes infallibly, a probe of their total
+    /// bytes taken and given back just before they are made).
     pub fn try_new(slots: usize, mut make: impl FnMut(usize) -> T) -> Option<SlotRefs<T>> {
         let mut refs = Vec::new();
         refs.try_reserve_exact(slots).ok()?;
+        // An `Arc`'s allocation: its two counts and the value.
+        let each = std::alloc::Layout::new::<(usize, usize, T)>()
+            .pad_to_align()
+            .size();
+        let mut probe: Vec<u8> = Vec::new();
+        probe.try_reserve_exact(each.checked_mul(slots)?).ok()?;
+        drop(probe);
         refs.extend((0..slots).map(|slot| Arc::new(make(slot))));
         Some(SlotRefs { refs })
     }

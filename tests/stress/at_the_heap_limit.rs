@@ -77,3 +77,53 @@ fn dropping_tensors_with_the_heap_full_does_not_abort() {
     reclaim::collect();
     assert_eq!(reclaim::pending_bytes(), 0, "every deferred free done");
 }
+
+#[test]
+fn a_ring_whose_slot_references_the_heap_cannot_hold_is_an_error_not_an_abort() {
+    // Semantics §2.1: bookkeeping that scales with the configuration (a ring's reference
+    // per slot, here 1,001 of them: a list of 8 KiB and 24 KiB of references) is
+    // allocated fallibly, so a heap without room for it makes creating the workspace fail
+    // with an error. Every headroom from 0 to 160 KiB, by 1 KiB, is tried: each attempt
+    // is refused with an error or creates the ring, and none aborts.
+    if run_alone(test_name!(
+        a_ring_whose_slot_references_the_heap_cannot_hold_is_an_error_not_an_abort
+    )) {
+        return;
+    }
+    use ndmem::{workspaces, Error, ResetPolicy, WorkspaceConfig};
+    let ring = WorkspaceConfig::builder()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .initial_size(64 << 10)
+        .overallocation_limit(1000.0)
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    drop(reclaim::pin());
+    // Once with room: what a thread allocates once (its pool cache, the names) is made.
+    drop(ws.get_and_activate(&ring, "RING_AT_THE_LIMIT").unwrap());
+    ws.destroy("RING_AT_THE_LIMIT").unwrap();
+    let (mut created, mut refused) = (0, 0);
+    let filler = fill_the_heap();
+    for room in 0..160usize {
+        let reserved = heap::stats().reserved_bytes;
+        if heap::set_limit(Some(reserved + (room << 10))).is_err() {
+            continue;
+        }
+        match ws.get_and_activate(&ring, "RING_AT_THE_LIMIT") {
+            Ok(guard) => {
+                drop(guard);
+                ws.destroy("RING_AT_THE_LIMIT").unwrap();
+                created += 1;
+            }
+            Err(Error::Alloc(_)) => refused += 1,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    drop(filler);
+    let _ = heap::set_limit(None);
+    assert!(
+        refused > 0 && created > 0,
+        "refused {refused}, created {created}"
+    );
+    assert!(!ws.exists("RING_AT_THE_LIMIT"));
+}
