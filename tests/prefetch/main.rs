@@ -78,6 +78,20 @@ fn threads_named(name: &str) -> usize {
         .count()
 }
 
+/// Threads named `name` once a joined thread of that name has left `/proc/self/task`:
+/// `join` returns when the thread has cleared its id, a moment before the kernel removes
+/// its task, so this waits up to 2 s for the count to reach 0.
+fn threads_named_after_join(name: &str) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let n = threads_named(name);
+        if n == 0 || std::time::Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn batches_arrive_intact_and_in_order_with_a_slow_consumer() {
     let source = private();
@@ -301,7 +315,11 @@ fn dropping_mid_stream_joins_the_producer_and_gives_every_byte_back() {
     assert!(pool.stats().live_bytes > baseline);
     drop(batches);
     assert!(joined.load(Ordering::SeqCst), "the producer was joined");
-    assert_eq!(threads_named("prefetch-DROPMI"), 0, "no thread left");
+    assert_eq!(
+        threads_named_after_join("prefetch-DROPMI"),
+        0,
+        "no thread left"
+    );
     // A batch held across the drop is refused (its workspace was destroyed), not read.
     let err = kept.get().unwrap_err();
     assert_eq!(
@@ -332,7 +350,7 @@ fn dropping_after_the_end_gives_every_byte_back() {
     assert_eq!(elements, 10 * 1024);
     reclaim::collect();
     assert_eq!(pool.stats().live_bytes, baseline);
-    assert_eq!(threads_named("prefetch-DROPEN"), 0);
+    assert_eq!(threads_named_after_join("prefetch-DROPEN"), 0);
 }
 
 #[test]
