@@ -23,12 +23,12 @@ use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
 use ndmem_alloc::trace::{self, EventKind, NameId, Space};
-use ndmem_alloc::{AllocError, MemoryKind, Usage};
+use ndmem_alloc::{AllocError, Usage};
 
 use super::buffer::{claim_path, Buffer, FileClaim};
 use super::bump::{dangling, Region};
 use super::config::{DebugMode, LearningPolicy, LocationPolicy, SpillPolicy, WorkspaceConfig};
-use super::ring::Ring;
+use super::ring::{heap_refused, Ring};
 use super::sizing::{spilled_bytes, RingShape, Sizing};
 use super::spill::Spills;
 use super::stamp::{KeepAlive, Shared, Stamp, WorkspaceMemory};
@@ -126,13 +126,9 @@ fn check_heap_room(id: &str, ring_refs: usize) -> Result<(), Error> {
         + std::mem::size_of::<Published>()
         + id.len().saturating_mul(4);
     let mut probe: Vec<u8> = Vec::new();
-    probe.try_reserve_exact(bytes).map_err(|_| {
-        Error::Alloc(AllocError::Os {
-            kind: MemoryKind::Host,
-            requested: bytes,
-            errno: 12, // ENOMEM
-        })
-    })
+    probe
+        .try_reserve_exact(bytes)
+        .map_err(|_| Error::Alloc(heap_refused(bytes)))
 }
 
 impl Arena {
@@ -331,10 +327,7 @@ impl Arena {
             Some(_) if self.settings.circular => self.ring.start_cycle().unwrap_or((0, 0)),
             // The pool's size class may round the buffer past `max_size`: a cycle bumps
             // no further than `max_size` (semantics §2.1), the rest stays unused.
-            Some(buffer) => match self.settings.config.max_size() {
-                0 => (0, buffer.len()),
-                max => (0, buffer.len().min(max)),
-            },
+            Some(buffer) => (0, self.settings.sizing.bump_limit(buffer.len())),
         };
         cycles.start.set(start);
         self.region.set_offset(start);

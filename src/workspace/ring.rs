@@ -21,8 +21,17 @@ use super::slots::SlotRefs;
 use super::stamp::KeepAlive;
 use crate::error::Error;
 
-/// `errno` for a heap that cannot hold a ring's references.
-const ENOMEM: i32 = 12;
+/// The heap could not hold `bytes` of a workspace's bookkeeping (the error of
+/// `Arena::new`'s room check and of a ring's references).
+pub(super) fn heap_refused(bytes: usize) -> AllocError {
+    /// `errno` for memory the heap cannot give.
+    const ENOMEM: i32 = 12;
+    AllocError::Os {
+        kind: MemoryKind::Host,
+        requested: bytes,
+        errno: ENOMEM,
+    }
+}
 
 /// One slot of a ring, referred to (through an `Arc`) by the ring and by the stamps of
 /// the memory bumped there, which so keep the ring's buffer alive and the slot's bytes as
@@ -70,12 +79,12 @@ impl Ring {
         let refs = SlotRefs::try_new(shape.slots, |_| SlotRef {
             _ring: Arc::clone(buffer),
         })
-        .ok_or(AllocError::Os {
-            kind: MemoryKind::Host,
-            requested: shape
-                .slots
-                .saturating_mul(std::mem::size_of::<Arc<SlotRef>>()),
-            errno: ENOMEM,
+        .ok_or_else(|| {
+            heap_refused(
+                shape
+                    .slots
+                    .saturating_mul(std::mem::size_of::<Arc<SlotRef>>()),
+            )
         })?;
         // The old ring's references go; stamps that still hold theirs keep it alive.
         *self.refs.borrow_mut() = refs;
