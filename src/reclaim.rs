@@ -3,7 +3,9 @@
 //! Invariant (crossbeam-epoch's): memory handed to `defer_free` is released only after
 //! every thread that was pinned when it was deferred has unpinned, so a reader that pinned,
 //! checked a tensor's validity and is still reading it never sees its memory freed. Ops
-//! pin through [`pin`] around the check and the access, for the op's duration only; a
+//! pin through [`pin`] around the check and the access, for the op's duration only, and
+//! allocate their output before they pin (a pin held while the pool collects at its limit
+//! would hold back everything deferred since it was taken); a
 //! [`crate::TensorView`], which may live long, holds its memory by a view count instead,
 //! so it never holds back the epoch (and with it every other free in the process).
 //!

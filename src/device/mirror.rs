@@ -118,9 +118,24 @@ impl Mirror {
 
     /// A buffer holding `data`, written on the host (the device side stale until used).
     pub fn from_host(device: &Device, data: &[u8], policy: MirroringPolicy) -> Result<Mirror> {
+        Mirror::from_host_with(device, data.len(), policy, |host| {
+            host.copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// [`Mirror::from_host`] of the `len` bytes `fill` writes into the host side, which is
+    /// allocated before `fill` runs (a tensor's upload pins the epoch in `fill` alone, to
+    /// read its source, and allocates nothing under that pin).
+    pub(crate) fn from_host_with(
+        device: &Device,
+        len: usize,
+        policy: MirroringPolicy,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<Mirror> {
         // The host write below makes the device side stale: it need not be cleared first.
-        let mut mirror = Mirror::make(device, data.len(), policy, false)?;
-        mirror.host_overwrite()?[..data.len()].copy_from_slice(data);
+        let mut mirror = Mirror::make(device, len, policy, false)?;
+        fill(&mut mirror.host_overwrite()?[..len])?;
         Ok(mirror)
     }
 

@@ -34,13 +34,19 @@ impl DeviceSlot {
         })
     }
 
-    /// A copy of `bytes` on `device`, uploaded now (one counted transfer).
-    pub(crate) fn upload(device: &Device, bytes: &[u8]) -> Result<DeviceSlot> {
-        let mut mirror = Mirror::from_host(device, bytes, crate::MirroringPolicy::Full)?;
+    /// A copy on `device` of the `len` bytes `fill` writes into its host side, uploaded
+    /// now (one counted transfer). The host side is allocated before `fill` runs, the
+    /// device side after it returns.
+    pub(crate) fn upload_with(
+        device: &Device,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<DeviceSlot> {
+        let mut mirror = Mirror::from_host_with(device, len, crate::MirroringPolicy::Full, fill)?;
         mirror.device_ptr(false)?;
         Ok(DeviceSlot {
             device: device.clone(),
-            len: bytes.len(),
+            len,
             mirror: Mutex::new(mirror),
         })
     }

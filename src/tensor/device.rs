@@ -48,11 +48,17 @@ impl Tensor {
         } else {
             self.copy()?
         };
-        let pin = reclaim::pin();
-        let bytes = host.storage.read("to_device", "X", &pin)?;
         let used = self.len() * self.dtype.size();
-        let slot = DeviceSlot::upload(device, &bytes[..used.min(bytes.len())])?;
-        drop(pin);
+        host.storage.check("to_device", "X")?;
+        // Allocated outside the pin, which covers the read alone (see `Output`).
+        let slot = DeviceSlot::upload_with(device, used, |dest| {
+            let pin = reclaim::pin();
+            let bytes = host.storage.read("to_device", "X", &pin)?;
+            // A contiguous host tensor from its first byte: its memory holds `used` bytes.
+            let n = used.min(bytes.len());
+            dest[..n].copy_from_slice(&bytes[..n]);
+            Ok(())
+        })?;
         Ok(Tensor {
             storage: Handle::new(Owned::new(Home::device(slot))),
             dtype: self.dtype,

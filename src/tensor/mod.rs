@@ -95,6 +95,76 @@ pub struct Tensor {
     offset: usize,
 }
 
+/// A new tensor's memory, allocated but not yet written or shared.
+///
+/// Ops allocate their output before they pin the reclamation epoch to read their operands:
+/// an allocation at a limit runs [`reclaim::collect`], which cannot free what was deferred
+/// while the allocating thread itself is pinned, so an output allocated under the op's pin
+/// could be refused for bytes that are only waiting for that pin (semantics §6).
+pub(crate) struct Output<T> {
+    storage: NewStorage,
+    /// Elements (the memory holds at least one, for an empty shape).
+    n: usize,
+    shape: Dims,
+    strides: Dims,
+    element: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Element> Output<T> {
+    /// Lets `fill` write the elements in row-major order (nothing for an empty shape: its
+    /// operands were checked already, and a shape like `[0, 2^40]` has 2^40 lanes), then
+    /// shares the tensor.
+    pub(crate) fn fill_flat(
+        self,
+        op: &str,
+        fill: impl FnOnce(&mut [T]) -> Result<()>,
+    ) -> Result<Tensor> {
+        self.finish(op, |data, _| fill(data))
+    }
+
+    /// [`Output::fill_flat`] through an ndarray view of the shape.
+    pub(crate) fn fill(
+        self,
+        op: &str,
+        fill: impl FnOnce(ArrayViewMutD<'_, T>) -> Result<()>,
+    ) -> Result<Tensor> {
+        self.finish(op, |data, shape| {
+            let view = ArrayViewMutD::from_shape(IxDyn(shape), data).map_err(|e| Error::Shape {
+                op: op.into(),
+                message: format!("shape {shape:?} cannot be laid out: {e}"),
+            })?;
+            fill(view)
+        })
+    }
+
+    fn finish(
+        self,
+        op: &str,
+        fill: impl FnOnce(&mut [T], &[usize]) -> Result<()>,
+    ) -> Result<Tensor> {
+        let Output {
+            mut storage,
+            n,
+            shape,
+            strides,
+            ..
+        } = self;
+        {
+            let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut(op)?);
+            if n > 0 {
+                fill(&mut data[..n], &shape)?;
+            }
+        }
+        Ok(Tensor {
+            storage: storage.share(op)?,
+            dtype: T::DTYPE,
+            shape,
+            strides,
+            offset: 0,
+        })
+    }
+}
+
 /// A read-only view of a tensor's elements, valid while this value lives.
 ///
 /// It keeps the memory from being freed without pinning the reclamation epoch (a view held
@@ -393,44 +463,29 @@ impl Tensor {
         placement: Placement<'_>,
         fill: impl FnOnce(ArrayViewMutD<'_, T>) -> Result<()>,
     ) -> Result<Tensor> {
-        Self::build_flat::<T>(op, shape, placement, |data| {
-            let view = ArrayViewMutD::from_shape(IxDyn(shape), data).map_err(|e| Error::Shape {
-                op: op.into(),
-                message: format!("shape {shape:?} cannot be laid out: {e}"),
-            })?;
-            fill(view)
-        })
+        Self::output::<T>(op, shape, placement)?.fill(op, fill)
     }
 
-    /// [`Tensor::build`] handing `fill` the new tensor's elements as a slice, in row-major
-    /// order (the op's fast path for contiguous operands: no ndarray view to build).
-    pub(crate) fn build_flat<T: Element>(
+    /// The memory of a new contiguous `shape` of `T`, where `placement` says, to be filled
+    /// by [`Output::fill`] or [`Output::fill_flat`]. An op that reads its operands under a
+    /// pin allocates its output first, before it pins (see [`Output`]).
+    pub(crate) fn output<T: Element>(
         op: &str,
         shape: &[usize],
         placement: Placement<'_>,
-        fill: impl FnOnce(&mut [T]) -> Result<()>,
-    ) -> Result<Tensor> {
+    ) -> Result<Output<T>> {
         let n = element_count(op, shape, size_of::<T>())?;
         let strides = contiguous_strides(op, shape)?;
         // Cannot overflow: element_count bounds it by isize::MAX.
         let bytes = n * size_of::<T>();
-        let mut storage =
+        let storage =
             NewStorage::allocate(op, bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
-        {
-            let data: &mut [T] = bytemuck::cast_slice_mut(storage.bytes_mut(op)?);
-            // An empty result has nothing to fill (its operands were checked already): the
-            // fill is skipped, so an op over an empty tensor never walks its lanes, of which
-            // a shape like [0, 2^40] has 2^40.
-            if n > 0 {
-                fill(&mut data[..n])?;
-            }
-        }
-        Ok(Tensor {
-            storage: storage.share(op)?,
-            dtype: T::DTYPE,
+        Ok(Output {
+            storage,
+            n,
             shape: Dims::from_slice(shape),
             strides,
-            offset: 0,
+            element: std::marker::PhantomData,
         })
     }
 
@@ -674,15 +729,18 @@ impl Tensor {
     /// A contiguous copy where `placement` says; the read checks the tensor (once).
     fn copy_to(&self, op: &str, placement: Placement<'_>) -> Result<Tensor> {
         with_dtype!(self.dtype, T => {
+            // The copy's memory first, then the pin (see `Output`).
+            self.storage.check(op, "X")?;
+            let out = Self::output::<T>(op, &self.shape, placement)?;
             let pin = reclaim::pin();
             if let Some(source) = self.flat::<T>(op, "X", &pin)? {
-                return Self::build_flat::<T>(op, &self.shape, placement, |out| {
+                return out.fill_flat(op, |out| {
                     out.copy_from_slice(source);
                     Ok(())
                 });
             }
             let source = self.array::<T>(op, "X", &pin)?;
-            Self::build::<T>(op, &self.shape, placement, |mut out| {
+            out.fill(op, |mut out| {
                 out.assign(&source);
                 Ok(())
             })

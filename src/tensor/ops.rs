@@ -19,7 +19,9 @@ use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
 
 use super::dtype::sealed::Sealed;
 use super::storage::Placement;
-use super::{contiguous_strides, element_count, with_dtype, DType, Dims, Element, Float, Tensor};
+use super::{
+    contiguous_strides, element_count, with_dtype, DType, Dims, Element, Float, Output, Tensor,
+};
 use crate::device::{BinaryOp, UnaryOp};
 use crate::error::{Error, Result};
 use crate::memory::owner::Owned;
@@ -113,66 +115,59 @@ impl Tensor {
     ) -> Result<Tensor> {
         self.same_dtype(op, other)?;
         let shape = broadcast_shape(op, &self.shape, &other.shape)?;
+        self.storage.check(op, "X")?;
+        other.storage.check(op, "Y")?;
+        let out = Tensor::output::<T>(op, &shape, Placement::Auto(Some(&*self.storage)))?;
         let pin = reclaim::pin();
         if let Some(repeat) = Repeat::of(&shape, &self.shape, &other.shape) {
             if let (Some(x), Some(y)) = (
                 self.flat::<T>(op, "X", &pin)?,
                 other.flat::<T>(op, "Y", &pin)?,
             ) {
-                return Tensor::build_flat::<T>(
-                    op,
-                    &shape,
-                    Placement::Auto(Some(&*self.storage)),
-                    |out| {
-                        repeat.zip(out, x, y, &f);
-                        verdict()
-                    },
-                );
+                return out.fill_flat(op, |out| {
+                    repeat.zip(out, x, y, &f);
+                    verdict()
+                });
             }
         }
         let x = self.array::<T>(op, "X", &pin)?;
         let y = other.array::<T>(op, "Y", &pin)?;
-        Tensor::build::<T>(
-            op,
-            &shape,
-            Placement::Auto(Some(&*self.storage)),
-            |mut out| {
-                let dim = out.raw_dim();
-                Zip::from(&mut out)
-                    .and_broadcast(&x.broadcast(dim.clone()).expect("shapes were checked"))
-                    .and_broadcast(&y.broadcast(dim).expect("shapes were checked"))
-                    .for_each(|o, &a, &b| *o = f(a, b));
-                verdict()
-            },
-        )
+        out.fill(op, |mut out| {
+            let dim = out.raw_dim();
+            Zip::from(&mut out)
+                .and_broadcast(&x.broadcast(dim.clone()).expect("shapes were checked"))
+                .and_broadcast(&y.broadcast(dim).expect("shapes were checked"))
+                .for_each(|o, &a, &b| *o = f(a, b));
+            verdict()
+        })
+    }
+
+    /// The output of an op reading this tensor as `T` (its first operand): the operand
+    /// checked (element type and validity, no pin needed), then `shape` of `U` allocated
+    /// where the operand's memory says, before the op pins to read (see [`Output`]).
+    fn output_for<T: Element, U: Element>(&self, op: &str, shape: &[usize]) -> Result<Output<U>> {
+        self.check_dtype::<T>(op, "X")?;
+        self.storage.check(op, "X")?;
+        Tensor::output::<U>(op, shape, Placement::Auto(Some(&*self.storage)))
     }
 
     /// Elementwise `f(x)`.
     fn map<T: Element, U: Element>(&self, op: &str, f: impl Fn(T) -> U) -> Result<Tensor> {
+        let out = self.output_for::<T, U>(op, &self.shape)?;
         let pin = reclaim::pin();
         if let Some(x) = self.flat::<T>(op, "X", &pin)? {
-            return Tensor::build_flat::<U>(
-                op,
-                &self.shape,
-                Placement::Auto(Some(&*self.storage)),
-                |out| {
-                    for (o, &a) in out.iter_mut().zip(x) {
-                        *o = f(a);
-                    }
-                    Ok(())
-                },
-            );
+            return out.fill_flat(op, |out| {
+                for (o, &a) in out.iter_mut().zip(x) {
+                    *o = f(a);
+                }
+                Ok(())
+            });
         }
         let x = self.array::<T>(op, "X", &pin)?;
-        Tensor::build::<U>(
-            op,
-            &self.shape,
-            Placement::Auto(Some(&*self.storage)),
-            |mut out| {
-                Zip::from(&mut out).and(&x).for_each(|o, &a| *o = f(a));
-                Ok(())
-            },
-        )
+        out.fill(op, |mut out| {
+            Zip::from(&mut out).and(&x).for_each(|o, &a| *o = f(a));
+            Ok(())
+        })
     }
 
     fn map_float(
@@ -382,10 +377,18 @@ impl Tensor {
                 ),
             });
         }
+        let mut shape = self.shape.clone();
+        match axis {
+            Some(axis) => {
+                shape.remove(axis);
+            }
+            None => shape.clear(),
+        }
+        let out = self.output_for::<T, T>(op, &shape)?;
         let pin = reclaim::pin();
         if !mean {
             if let Some(x) = self.flat::<T>(op, "X", &pin)? {
-                return self.sum_flat(op, x, axis);
+                return self.sum_flat(op, out, x, axis);
             }
         }
         let x = self.array::<T>(op, "X", &pin)?;
@@ -400,26 +403,17 @@ impl Tensor {
         match axis {
             None => {
                 let value = reduce_lane(x.view());
-                Tensor::build::<T>(op, &[], Placement::Auto(Some(&*self.storage)), |mut out| {
+                out.fill(op, |mut out| {
                     out.fill(value);
                     Ok(())
                 })
             }
-            Some(axis) => {
-                let mut shape = self.shape.clone();
-                shape.remove(axis);
-                Tensor::build::<T>(
-                    op,
-                    &shape,
-                    Placement::Auto(Some(&*self.storage)),
-                    |mut out| {
-                        Zip::from(&mut out)
-                            .and(x.lanes(Axis(axis)))
-                            .for_each(|o, lane| *o = reduce_lane(lane.into_dyn()));
-                        Ok(())
-                    },
-                )
-            }
+            Some(axis) => out.fill(op, |mut out| {
+                Zip::from(&mut out)
+                    .and(x.lanes(Axis(axis)))
+                    .for_each(|o, lane| *o = reduce_lane(lane.into_dyn()));
+                Ok(())
+            }),
         }
     }
 
@@ -428,20 +422,23 @@ impl Tensor {
     /// whole tensor) by [`Element::sum_slice`], as ndarray's `sum` does a contiguous lane;
     /// a strided lane by adding its elements in order from zero, as ndarray does one that
     /// is not, here a row at a time into the whole output row.
-    fn sum_flat<T: Element>(&self, op: &str, x: &[T], axis: Option<usize>) -> Result<Tensor> {
-        let placement = Placement::Auto(Some(&*self.storage));
+    fn sum_flat<T: Element>(
+        &self,
+        op: &str,
+        out: Output<T>,
+        x: &[T],
+        axis: Option<usize>,
+    ) -> Result<Tensor> {
         let Some(axis) = axis else {
             let value = T::sum_slice(x);
-            return Tensor::build_flat::<T>(op, &[], placement, |out| {
+            return out.fill_flat(op, |out| {
                 out.fill(value);
                 Ok(())
             });
         };
         let lanes = self.shape[axis];
         let inner: usize = self.shape[axis + 1..].iter().product();
-        let mut shape = self.shape.clone();
-        shape.remove(axis);
-        Tensor::build_flat::<T>(op, &shape, placement, |out| {
+        out.fill_flat(op, |out| {
             if out.is_empty() {
                 return Ok(());
             }
@@ -490,9 +487,10 @@ impl Tensor {
         let mut shape = self.shape.clone();
         shape.remove(axis);
         with_dtype!(self.dtype, T => {
+            let out = self.output_for::<T, i64>("argmax", &shape)?;
             let pin = reclaim::pin();
             let x = self.array::<T>("argmax", "X", &pin)?;
-            Tensor::build::<i64>("argmax", &shape, Placement::Auto(Some(&*self.storage)), |mut out| {
+            out.fill("argmax", |mut out| {
                 Zip::from(&mut out).and(x.lanes(Axis(axis))).for_each(|o, lane| {
                     // NaN is the only value that is not comparable with itself.
                     let is_nan = |v: &T| v.partial_cmp(v).is_none();
@@ -526,10 +524,11 @@ impl Tensor {
 
     fn softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
         check_axis("softmax", axis, self.ndim())?;
+        let out = self.output_for::<T, T>("softmax", &self.shape)?;
         let pin = reclaim::pin();
         if axis + 1 == self.ndim() {
             if let Some(x) = self.flat::<T>("softmax", "X", &pin)? {
-                return self.last_axis_lanes("softmax", x, |o, lane| {
+                return self.last_axis_lanes("softmax", out, x, |o, lane| {
                     exp_less_max(o, lane);
                     let total = T::sum_slice(o);
                     for o in o.iter_mut() {
@@ -539,24 +538,19 @@ impl Tensor {
             }
         }
         let x = self.array::<T>("softmax", "X", &pin)?;
-        Tensor::build::<T>(
-            "softmax",
-            &self.shape,
-            Placement::Auto(Some(&*self.storage)),
-            |mut out| {
-                Zip::from(out.lanes_mut(Axis(axis)))
-                    .and(x.lanes(Axis(axis)))
-                    .for_each(|mut o, lane| {
-                        let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
-                        Zip::from(&mut o)
-                            .and(&lane)
-                            .for_each(|o, &v| *o = (v - max).exp());
-                        let total = o.sum();
-                        o.mapv_inplace(|v| v / total);
-                    });
-                Ok(())
-            },
-        )
+        out.fill("softmax", |mut out| {
+            Zip::from(out.lanes_mut(Axis(axis)))
+                .and(x.lanes(Axis(axis)))
+                .for_each(|mut o, lane| {
+                    let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
+                    Zip::from(&mut o)
+                        .and(&lane)
+                        .for_each(|o, &v| *o = (v - max).exp());
+                    let total = o.sum();
+                    o.mapv_inplace(|v| v / total);
+                });
+            Ok(())
+        })
     }
 
     /// Log-softmax along `axis`: `x - max - ln(sum(exp(x - max)))` per lane, finite
@@ -575,10 +569,11 @@ impl Tensor {
 
     fn log_softmax_typed<T: Float>(&self, axis: usize) -> Result<Tensor> {
         check_axis("log_softmax", axis, self.ndim())?;
+        let out = self.output_for::<T, T>("log_softmax", &self.shape)?;
         let pin = reclaim::pin();
         if axis + 1 == self.ndim() {
             if let Some(x) = self.flat::<T>("log_softmax", "X", &pin)? {
-                return self.last_axis_lanes("log_softmax", x, |o, lane| {
+                return self.last_axis_lanes("log_softmax", out, x, |o, lane| {
                     let max = exp_less_max(o, lane);
                     let shift = max + T::sum_slice(o).ln();
                     for (o, &v) in o.iter_mut().zip(lane) {
@@ -588,26 +583,21 @@ impl Tensor {
             }
         }
         let x = self.array::<T>("log_softmax", "X", &pin)?;
-        Tensor::build::<T>(
-            "log_softmax",
-            &self.shape,
-            Placement::Auto(Some(&*self.storage)),
-            |mut out| {
-                Zip::from(out.lanes_mut(Axis(axis)))
-                    .and(x.lanes(Axis(axis)))
-                    .for_each(|mut o, lane| {
-                        let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
-                        Zip::from(&mut o)
-                            .and(&lane)
-                            .for_each(|o, &v| *o = (v - max).exp());
-                        let shift = max + o.sum().ln();
-                        Zip::from(&mut o)
-                            .and(&lane)
-                            .for_each(|o, &v| *o = v - shift);
-                    });
-                Ok(())
-            },
-        )
+        out.fill("log_softmax", |mut out| {
+            Zip::from(out.lanes_mut(Axis(axis)))
+                .and(x.lanes(Axis(axis)))
+                .for_each(|mut o, lane| {
+                    let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
+                    Zip::from(&mut o)
+                        .and(&lane)
+                        .for_each(|o, &v| *o = (v - max).exp());
+                    let shift = max + o.sum().ln();
+                    Zip::from(&mut o)
+                        .and(&lane)
+                        .for_each(|o, &v| *o = v - shift);
+                });
+            Ok(())
+        })
     }
 
     /// A tensor of this one's shape whose every lane along the last axis is `lane(out,
@@ -616,23 +606,19 @@ impl Tensor {
     fn last_axis_lanes<T: Element>(
         &self,
         op: &str,
+        out: Output<T>,
         x: &[T],
         lane: impl Fn(&mut [T], &[T]),
     ) -> Result<Tensor> {
         let width = self.shape.last().copied().unwrap_or(1);
-        Tensor::build_flat::<T>(
-            op,
-            &self.shape,
-            Placement::Auto(Some(&*self.storage)),
-            |out| {
-                if width > 0 {
-                    for (o, x) in out.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
-                        lane(o, x);
-                    }
+        out.fill_flat(op, |out| {
+            if width > 0 {
+                for (o, x) in out.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
+                    lane(o, x);
                 }
-                Ok(())
-            },
-        )
+            }
+            Ok(())
+        })
     }
 
     /// Matrix product of two 2-d tensors (`[m, k] x [k, n] -> [m, n]`): large float
@@ -656,14 +642,15 @@ impl Tensor {
     }
 
     fn matmul_typed<T: Element>(&self, other: &Tensor) -> Result<Tensor> {
-        let pin = reclaim::pin();
         let (m, k, n) = (self.shape[0], self.shape[1], other.shape[1]);
-        let shape = [m, n];
-        let placement = Placement::Auto(Some(&*self.storage));
+        self.storage.check("matmul", "X")?;
+        other.storage.check("matmul", "Y")?;
+        let out = self.output_for::<T, T>("matmul", &[m, n])?;
+        let pin = reclaim::pin();
         if T::DTYPE.is_float() && m.saturating_mul(k).saturating_mul(n) > SMALL_MATMUL {
             let a = two_d(self.array::<T>("matmul", "X", &pin)?);
             let b = two_d(other.array::<T>("matmul", "Y", &pin)?);
-            return Tensor::build::<T>("matmul", &shape, placement, |out| {
+            return out.fill("matmul", |out| {
                 let mut c = out.into_dimensionality::<Ix2>().map_err(|e| Error::Shape {
                     op: "matmul".into(),
                     message: format!("output is not 2-d: {e}"),
@@ -680,7 +667,7 @@ impl Tensor {
             (self.strides[0], self.strides[1]),
             (other.strides[0], other.strides[1]),
         );
-        Tensor::build_flat::<T>("matmul", &shape, placement, |c| {
+        out.fill_flat("matmul", |c| {
             small_matmul(a, a_strides, b, b_strides, (m, k, n), c);
             Ok(())
         })

@@ -136,3 +136,36 @@ fn the_pool_limit_path_collects_pending_frees_before_failing() {
     reclaim::collect();
     assert_eq!(live(&source), 0);
 }
+
+#[test]
+fn an_op_at_the_limit_collects_frees_deferred_just_before_it() {
+    if run_alone(test_name!(
+        an_op_at_the_limit_collects_frees_deferred_just_before_it
+    )) {
+        return;
+    }
+    reclaim::collect();
+    const SIZE: usize = 4 << 20;
+    // Room for two SIZE tensors, not three.
+    let source = private(Some(2 * SIZE + SIZE / 2));
+    let x = Tensor::zeros_in(&source, DType::U8, &[SIZE]).unwrap();
+    let scope = Scope::new_base_in("closed", source);
+    let t = scope.zeros(DType::U8, &[SIZE]).unwrap();
+    // No thread is pinned: the free is pending only until the epoch moves on twice.
+    scope.close().unwrap();
+    assert!(reclaim::pending_bytes() >= SIZE, "the free is pending");
+    // The op's output (in `x`'s pool) needs the pending bytes: the limit path collects,
+    // and an op that pinned before allocating its output would hold back what was
+    // deferred in the epoch it pinned in, and fail.
+    let y = x
+        .add_scalar(1.0)
+        .expect("the limit path collected the free deferred before the op");
+    assert_eq!(y.to_vec::<u8>().unwrap()[SIZE - 1], 1);
+    assert_eq!(reclaim::pending_bytes(), 0);
+    let z = x.sum().expect("every op allocates before it pins");
+    assert_eq!(z.scalar().unwrap(), 0.0);
+    assert!(t.to_vec::<u8>().is_err());
+    drop((x, y, z));
+    reclaim::collect();
+    assert_eq!(live(&source), 0);
+}
