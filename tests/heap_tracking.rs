@@ -145,6 +145,41 @@ fn peak_follows_allocations_and_resets() {
     assert_eq!(heap::stats().peak_bytes, heap::stats().live_bytes);
 }
 
+/// A peak reset is never undone by another thread's high from before it: that thread's
+/// unpublished high-water mark began before the reset, so when it next publishes (here,
+/// at its exit) it must not raise the new peak to its old high.
+fn a_reset_peak_is_not_raised_by_a_high_from_before_it() {
+    use std::sync::mpsc::channel;
+    let (done_tx, done_rx) = channel();
+    let (go_tx, go_rx) = channel::<()>();
+    let worker = std::thread::spawn(move || {
+        // 3 MiB up and down: under the 4 MiB that publishes at once, so the high stays
+        // in this thread's unpublished mark.
+        drop(std::hint::black_box(vec![1u8; 3 << 20]));
+        done_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+    });
+    done_rx.recv().unwrap();
+    heap::reset_peak();
+    let reset = heap::stats();
+    go_tx.send(()).unwrap();
+    worker.join().unwrap();
+    let after = heap::stats();
+    // Since the reset nothing rose by more than the worker's exit bookkeeping.
+    assert!(
+        after.peak_bytes < reset.peak_bytes + (64 << 10),
+        "peak {} after the join, {} at the reset: a 3 MiB high from before the reset \
+         came back",
+        after.peak_bytes,
+        reset.peak_bytes
+    );
+    // And the thread that reset still sees its own highs exactly.
+    heap::reset_peak();
+    let start = heap::stats();
+    drop(std::hint::black_box(vec![1u8; 1 << 20]));
+    assert_eq!(heap::stats().peak_bytes, start.live_bytes + (1 << 20));
+}
+
 /// A single thread sees an exact peak, even for blocks too small to make the thread
 /// publish its tally on their own (the module docs promise exact figures to one thread).
 fn peak_is_exact_for_small_blocks_on_one_thread() {
@@ -169,7 +204,9 @@ fn a_limit_below_use_is_refused() {
     let err = heap::set_limit(Some(live / 2)).unwrap_err();
     let msg = err.to_string();
     assert!(
-        msg.contains("heap limit") && msg.contains("already in use"),
+        msg.contains("heap limit")
+            && msg.contains("already in use or held against it")
+            && msg.contains("threads' cells of at most 128 KiB each"),
         "{msg}"
     );
     assert_eq!(
@@ -676,7 +713,7 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 16] = [
+    let tests: [(&str, fn()); 17] = [
         (
             "a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort",
             a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort,
@@ -700,6 +737,10 @@ fn main() {
         (
             "peak_follows_allocations_and_resets",
             peak_follows_allocations_and_resets,
+        ),
+        (
+            "a_reset_peak_is_not_raised_by_a_high_from_before_it",
+            a_reset_peak_is_not_raised_by_a_high_from_before_it,
         ),
         (
             "peak_is_exact_for_small_blocks_on_one_thread",

@@ -283,6 +283,9 @@ pub struct Counter {
     value: AtomicIsize,
     peak: AtomicUsize,
     total: AtomicU64,
+    /// Peak resets so far: a publisher whose high-water mark began before the last one
+    /// publishes no high from it (see [`Counter::resets`]).
+    resets: AtomicU64,
 }
 
 /// The figures of a [`Counter`], read one after the other (see [`Counter::read`]).
@@ -304,6 +307,7 @@ impl Counter {
             value: AtomicIsize::new(0),
             peak: AtomicUsize::new(0),
             total: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
         }
     }
 
@@ -314,6 +318,7 @@ impl Counter {
             value: AtomicIsize::new(0),
             peak: AtomicUsize::new(0),
             total: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
         }
     }
 
@@ -396,7 +401,17 @@ impl Counter {
 
     /// Restarts the peak from the current value.
     pub fn reset_peak(&self) {
+        self.resets.fetch_add(1, Ordering::Release);
         self.peak.store(self.value(), Ordering::Relaxed);
+    }
+
+    /// How many times the peak was reset. A thread that keeps a high-water mark between
+    /// publications reads this when it starts one and again when it publishes: if it
+    /// changed, the mark may hold a high from before the reset, which would raise the new
+    /// peak after the fact, so it publishes its net bytes alone as the high.
+    #[inline]
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Acquire)
     }
 }
 

@@ -17,12 +17,6 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// The value is not valid Unicode.
-    #[error("{variable} is not valid UTF-8")]
-    NotUnicode {
-        /// The variable that held the value.
-        variable: String,
-    },
     /// A value that parses but cannot be used (an invalid combination, a bad mode name, ...).
     #[error("{variable}: {message}")]
     Invalid {
@@ -149,14 +143,19 @@ pub enum AllocError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A new limit is below what is already in use.
-    #[error("cannot set {what} to {limit} bytes: {used} bytes are already in use")]
+    /// A new limit is below what is already held against the old one: in use, and for the
+    /// heap also each thread's cell (at most 128 KiB a thread, which only that thread can
+    /// give back; an exited thread has given its back).
+    #[error(
+        "cannot set {what} to {limit} bytes: {used} bytes are already in use or held against it{}",
+        held_note(what)
+    )]
     LimitBelowUse {
         /// The limit being changed.
         what: &'static str,
         /// The rejected limit.
         limit: usize,
-        /// Bytes in use.
+        /// Bytes in use or held against the limit.
         used: usize,
     },
     /// The operating system refused memory although the budget allowed it.
@@ -310,6 +309,19 @@ impl fmt::Display for ByteSize {
         write!(f, "{value:.decimals$} {}", UNITS[unit])
     }
 }
+
+/// What [`AllocError::LimitBelowUse`] adds for `what`: where the heap's held bytes are.
+fn held_note(what: &str) -> &'static str {
+    if what == HEAP_LIMIT {
+        " (live bytes, and the threads' cells of at most 128 KiB each, which each thread \
+         spends before it takes more)"
+    } else {
+        ""
+    }
+}
+
+/// The `what` of the heap's [`AllocError::LimitBelowUse`].
+pub(crate) const HEAP_LIMIT: &str = "the heap limit";
 
 #[cfg(test)]
 mod tests {

@@ -32,6 +32,10 @@ use crate::tracking::HeapStats;
 /// [`crate::heap`]). (The request of a reallocation is its new size.) On a terminal it first
 /// clears the current line (a progress bar, say). Destructors and `atexit` handlers do not
 /// run: nothing that could need the heap runs after it.
+///
+/// The hook runs on every refusal, a fallible request's too (a global allocator cannot
+/// tell `Vec::try_reserve` from `Vec::reserve`): with it installed, a refused
+/// `try_reserve` ends the process instead of returning its error.
 pub fn exit_on_oom(layout: Layout, stats: &HeapStats) {
     let mut line = StackLine::default();
     // SAFETY: isatty only inspects file descriptor 2.

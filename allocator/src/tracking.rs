@@ -584,14 +584,20 @@ pub mod heap {
 
     /// Restarts the peak from the current live bytes.
     pub fn reset_peak() {
-        TALLY.with(|t| t.flush(&LEDGER));
-        LEDGER.live().reset_peak();
+        TALLY.with(|t| {
+            t.flush(&LEDGER);
+            LEDGER.live().reset_peak();
+            t.restart_peak(&LEDGER);
+        });
     }
 
     /// Sets (`Some`) or removes (`None`) the heap limit at run time; `NDMEM_MAX_HEAP` sets
     /// it at start-up. `Some(0)` means no limit, as `0` does in the variable and in
     /// [`crate::Pool::set_max_bytes`]. A limit below the bytes already reserved is refused
-    /// and changes nothing.
+    /// and changes nothing: the threads' reserves are recalled first, but each thread's
+    /// cell (at most 128 KiB, spent by that thread before it takes more) stays reserved,
+    /// so a limit within 128 KiB a thread of the live bytes can be refused while idle
+    /// threads keep their cells.
     pub fn set_limit(limit: Option<usize>) -> Result<(), AllocError> {
         read_env_once_outside_allocator();
         // Budget that threads hold in reserve would make a lower limit look taken.
@@ -601,7 +607,7 @@ pub mod heap {
             .budget()
             .set_limit(limit.filter(|l| *l > 0))
             .map_err(|e| AllocError::LimitBelowUse {
-                what: "the heap limit",
+                what: crate::error::HEAP_LIMIT,
                 limit: e.limit,
                 used: e.used,
             })?;
@@ -610,15 +616,22 @@ pub mod heap {
     }
 
     /// Calls `hook` with the failed layout and the statistics just before the allocator
-    /// returns null (after which Rust's allocation-error handler usually aborts). The hook
-    /// may allocate; a failure inside it does not call it again.
+    /// returns null (after which Rust's allocation-error handler usually aborts). It runs
+    /// on every refusal, a fallible request's (`Vec::try_reserve`) too: the allocator
+    /// cannot tell them apart.
+    ///
+    /// The hook may allocate, but at a heap with no room left its allocations are refused
+    /// as well (without calling the hook again), and an infallible one (`format!`, say)
+    /// then aborts the process: write from the stack, as [`exit_on_oom`] does.
     ///
     /// **The hook must not panic**: it runs inside `GlobalAlloc::alloc`/`realloc`, which
     /// must not unwind, so a panic in the hook aborts the process (after the panic message
-    /// and a line on stderr). Record what you need (in atomics, say) and act after the
-    /// failed allocation returns. (With `RUST_BACKTRACE` set, a panic there may not even
-    /// reach the abort: capturing the backtrace allocates at a heap already at its limit,
-    /// and std's allocation-error handler then waits on the backtrace lock it holds.)
+    /// and, when the heap has room for the panic's message, a line on stderr). Record what
+    /// you need (in atomics, say) and act after the failed allocation returns. (With
+    /// `RUST_BACKTRACE` set, a panic there may not even reach the abort: capturing the
+    /// backtrace allocates at a heap already at its limit, and std's allocation-error
+    /// handler then waits on the backtrace lock it holds. The same wait can follow any
+    /// panic whose unwinding allocates at a heap at its limit, hook or not.)
     pub fn set_oom_hook(hook: fn(Layout, &HeapStats)) {
         OOM_HOOK.store(hook as usize, Ordering::Release);
     }

@@ -36,9 +36,9 @@ pub struct MemorySource {
 impl MemorySource {
     /// The global pool ([`Pool::global`]), with limits from the environment.
     ///
-    /// # Panics
-    /// Panics when an `NDMEM_*` limit variable holds garbage, as [`Pool::global`] does;
-    /// call [`Pool::try_global`] first to get that as an error.
+    /// If an `NDMEM_*` limit variable holds garbage, this still returns the source, and
+    /// every allocation from it fails with [`ndmem_alloc::AllocError::Config`] naming the
+    /// variable, as [`Pool::global`]'s do; [`Pool::try_global`] reports it up front.
     pub fn global() -> MemorySource {
         static GLOBAL: OnceLock<MemorySource> = OnceLock::new();
         *GLOBAL.get_or_init(|| MemorySource::of(Pool::global()))

@@ -368,6 +368,8 @@ pub struct Tally {
     target: Cell<isize>,
     slot: Cell<usize>,
     state: Cell<u8>,
+    /// The live figure's [`Counter::resets`] when the high-water mark (`low`) restarted.
+    epoch: Cell<u64>,
 }
 
 impl Default for Tally {
@@ -396,6 +398,7 @@ impl Tally {
             target: Cell::new(0),
             slot: Cell::new(NO_SLOT),
             state: Cell::new(NEW),
+            epoch: Cell::new(0),
         }
     }
 
@@ -499,6 +502,7 @@ impl Tally {
     pub fn register<const N: usize>(&self, ledger: &Ledger<N>, register: impl FnOnce()) {
         if self.state.get() == NEW {
             self.state.set(REGISTERED);
+            self.epoch.set(ledger.live.resets());
             ledger.threads.fetch_add(1, Ordering::Relaxed);
             self.slot.set(ledger.reserves.claim().unwrap_or(NO_SLOT));
             register();
@@ -737,12 +741,25 @@ impl Tally {
     fn flush_live<const N: usize>(&self, ledger: &Ledger<N>) {
         let budget = self.budget.get();
         let net = self.base.get() - budget;
-        let high = self.base.get() - self.low.get().min(budget);
+        let resets = ledger.live.resets();
+        let high = if resets == self.epoch.get() {
+            self.base.get() - self.low.get().min(budget)
+        } else {
+            // The peak was reset since the mark began: its high may be from before.
+            net
+        };
         self.base.set(budget);
         self.low.set(budget);
+        self.epoch.set(resets);
         self.published.set(self.published.get() + net as i64);
         self.live_ops.set(self.ops());
         ledger.live.publish(net, high);
+    }
+
+    /// The calling thread published (a flush) just before the peak was reset: its mark,
+    /// empty since, starts in the new epoch.
+    pub fn restart_peak<const N: usize>(&self, ledger: &Ledger<N>) {
+        self.epoch.set(ledger.live.resets());
     }
 
     /// Sets the threshold of the free path: twice the cell target. (The allocation path
