@@ -68,7 +68,7 @@ pub(crate) fn parse_device_size(text: &str) -> Result<Option<usize>, ConfigError
     };
     let (whole, fraction, suffix) = split_size(text.as_bytes()).map_err(invalid)?;
     if suffix != b"%" {
-        return parse_size_named(ENV_MAX_DEVICE_BYTES, text).map(|n| (n > 0).then_some(n));
+        return parse_size_named(ENV_MAX_DEVICE_BYTES, text).map(limit_of);
     }
     // Leading zeros of the whole part and trailing ones of the fraction say nothing.
     let significant = |digits: &[u8], zeros_at_start: bool| {
@@ -267,7 +267,8 @@ pub struct Limits {
     /// Resident set size the pool may grow the process to; `None`: unlimited.
     pub max_physical_bytes: Option<usize>,
     /// Bytes each GPU may hold. `None` when there is no figure in bytes: unset (the
-    /// default, min(max_bytes, 90% of the device)), `0` (no limit of ndmem's own), or a
+    /// default, min(max_bytes, 90% of the device)), `0` or 4 EiB and more (no limit of
+    /// ndmem's own), or a
     /// percentage of each device's memory (with [`LimitSource::Environment`]); all three are
     /// resolved per device when it is opened.
     pub max_device_bytes: Option<usize>,
@@ -435,9 +436,10 @@ impl LimitsBuilder {
         self
     }
 
-    /// Per-device budget in bytes (`None` or 0: the per-device default).
+    /// Per-device budget in bytes (`None`, 0 or 4 EiB and more: no figure in bytes, as
+    /// [`Limits::max_device_bytes`] says).
     pub fn max_device_bytes(mut self, bytes: impl Into<Option<usize>>) -> Self {
-        self.max_device_bytes = Some(bytes.into().filter(|b| *b > 0));
+        self.max_device_bytes = Some(bytes.into().and_then(limit_of));
         self
     }
 
@@ -601,9 +603,12 @@ mod tests {
             (ENV_MAX_BYTES, "4096P"),
             (ENV_MAX_HEAP, "8191P"),
             (ENV_MAX_PHYSICAL_BYTES, "4095P"),
+            (ENV_MAX_DEVICE_BYTES, "9223372036854775807"),
         ]);
         let limits = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string()))).unwrap();
         assert_eq!(limits.max_bytes, None);
+        assert_eq!(limits.max_device_bytes, None);
+        assert_eq!(limits.sources.max_device_bytes, LimitSource::Environment);
         assert_eq!(limits.max_heap, None);
         assert_eq!(limits.max_physical_bytes, Some(4095 << 50));
         assert_eq!(limits.sources.max_bytes, LimitSource::Environment);
@@ -611,11 +616,13 @@ mod tests {
             .max_heap(usize::MAX)
             .max_bytes(UNLIMITED)
             .max_physical_bytes(UNLIMITED - 1)
+            .max_device_bytes(UNLIMITED)
             .build();
         assert_eq!(
             (built.max_heap, built.max_bytes, built.max_physical_bytes),
             (None, None, Some(UNLIMITED - 1))
         );
+        assert_eq!(built.max_device_bytes, None);
     }
 
     #[test]

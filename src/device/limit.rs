@@ -124,7 +124,7 @@ impl DeviceLimit {
 
     /// The limit in bytes for a device with `device_memory` bytes whose host pool allows
     /// `max_bytes` (`None`: unlimited); `None` is no limit (`Bytes(0)`, a percentage of
-    /// 0, and `isize::MAX` bytes are no limit too, as in the variable). An error, naming
+    /// 0, and 4 EiB or more are no limit too, as in the variable). An error, naming
     /// `NDMEM_MAX_DEVICE_BYTES`, for what the variable would refuse: a percentage over a
     /// denominator of 0, above 100%, or of less than one byte of the device (0 means no
     /// limit; a tiny limit is not that), and more than `isize::MAX` bytes.
@@ -163,7 +163,8 @@ impl DeviceLimit {
             DeviceLimit::Unlimited
             | DeviceLimit::Bytes(0)
             | DeviceLimit::Percent { scaled: 0, .. } => None,
-            DeviceLimit::Bytes(bytes) if bytes >= isize::MAX as usize => None,
+            // 4 EiB or more is no limit, as for every limit (semantics §1).
+            DeviceLimit::Bytes(bytes) if bytes >= ndmem_alloc::counter::UNLIMITED => None,
             DeviceLimit::Bytes(bytes) => Some(bytes),
             DeviceLimit::Percent {
                 scaled,

@@ -286,12 +286,20 @@ fn a_byte_limit_beyond_isize_max_given_in_code_is_refused() {
     let err = limited(0, DeviceLimit::Bytes(usize::MAX)).expect_err("overflows isize");
     assert!(matches!(err, Error::Config(_)), "{err:?}");
     assert!(err.to_string().contains("isize::MAX"), "{err}");
-    // isize::MAX itself is no limit, as in the variable.
+    // isize::MAX itself is no limit, as in the variable, and so is everything from 4 EiB
+    // (semantics §1); just below is a limit.
+    for bytes in [isize::MAX as usize, 1 << 62] {
+        assert_eq!(
+            limited(0, DeviceLimit::Bytes(bytes)).unwrap().limit(),
+            None,
+            "{bytes}"
+        );
+    }
     assert_eq!(
-        limited(0, DeviceLimit::Bytes(isize::MAX as usize))
+        limited(0, DeviceLimit::Bytes((1 << 62) - 1))
             .unwrap()
             .limit(),
-        None
+        Some((1 << 62) - 1)
     );
 }
 
