@@ -35,6 +35,9 @@ use super::stamp::{KeepAlive, Shared, Stamp, WorkspaceMemory};
 use super::stats::{Figures, Published, WorkspaceStats};
 use crate::error::Error;
 
+/// The largest alignment the pool serves (a page); a spill aligned beyond it pads.
+const POOL_MAX_ALIGN: usize = 4096;
+
 /// What the configuration and the debug mode fixed when the workspace was created.
 #[derive(Debug)]
 struct Settings {
@@ -540,11 +543,29 @@ impl Arena {
                     .saturating_sub(self.region.offset()),
             });
         }
+        // The pool aligns to a page at most: a larger alignment (which the buffer serves)
+        // takes a page-aligned block long enough to hold an aligned start.
+        let (block_size, block_align) = if align > POOL_MAX_ALIGN {
+            let padded = size
+                .checked_add(align - POOL_MAX_ALIGN)
+                .ok_or(Error::Alloc(AllocError::InvalidLayout {
+                    size,
+                    align,
+                    reason: "the size overflows when padded to the alignment",
+                }))?;
+            (padded, POOL_MAX_ALIGN)
+        } else {
+            (size, align)
+        };
         let block = settings
             .config
             .source()
-            .allocate(size, align, Usage::Workspace)?;
-        let ptr = block.ptr();
+            .allocate(block_size, block_align, Usage::Workspace)?;
+        let start = block.ptr().as_ptr();
+        // In bounds: the block starts on a page and holds `align - page` bytes more than
+        // `size`, so the next multiple of `align` leaves `size` bytes after it.
+        let ptr = NonNull::new(start.wrapping_add(start.align_offset(align)))
+            .expect("a pointer into a block is not null");
         let used = self.spills.this_cycle() + counted;
         trace::record(
             EventKind::Spill,

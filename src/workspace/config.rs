@@ -307,6 +307,18 @@ impl WorkspaceConfig {
     }
 
     fn validate(&self) -> Result<(), Error> {
+        /// A factor or limit as a message shows it: exponent notation when it is huge (an
+        /// `f64` of 1e300 written out has 301 digits).
+        struct Number(f64);
+        impl std::fmt::Display for Number {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                if self.0.abs() >= 1e9 {
+                    write!(f, "{:e}", self.0)
+                } else {
+                    write!(f, "{}", self.0)
+                }
+            }
+        }
         let invalid = |variable: &str, message: String| {
             Err(Error::Config(ConfigError::Invalid {
                 variable: format!("WorkspaceConfig::{variable}"),
@@ -349,6 +361,34 @@ impl WorkspaceConfig {
                 ),
             );
         }
+        if self.max_size > 0 && self.max_size < self.alignment {
+            return invalid(
+                "max_size",
+                format!(
+                    "max_size {} is below the alignment {}: every allocation takes at least \
+                     the alignment, so none could ever be bumped from the buffer (max_size 0 \
+                     means unbounded)",
+                    self.max_size, self.alignment
+                ),
+            );
+        }
+        if self.initial_size == 0
+            && self.max_size == 0
+            && self.policy_learning != LearningPolicy::None
+            && self.alignment as f64 * self.overallocation_factor() > MAX_BUFFER as f64
+        {
+            return invalid(
+                "overallocation_limit",
+                format!(
+                    "overallocation_limit {} would make even the smallest learned buffer (one \
+                     allocation of the alignment {} bytes, overallocated) larger than the \
+                     {MAX_BUFFER} bytes (isize::MAX) a buffer can have, so none could ever be \
+                     allocated; use a smaller limit or set max_size",
+                    Number(self.overallocation_limit),
+                    self.alignment
+                ),
+            );
+        }
         // The alignment is valid here: a learned buffer is at least `min_size` rounded up
         // to it.
         let min_buffer = self.min_size.checked_next_multiple_of(self.alignment);
@@ -377,7 +417,7 @@ impl WorkspaceConfig {
                      (overallocated x{}, clamped and rounded to the alignment {}{}), more than \
                      the {MAX_BUFFER} bytes (isize::MAX) a buffer can have",
                     self.initial_size,
-                    self.overallocation_factor(),
+                    Number(self.overallocation_factor()),
                     self.alignment,
                     if self.is_circular() {
                         "; the whole ring"

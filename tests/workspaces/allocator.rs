@@ -99,3 +99,27 @@ fn a_hashbrown_map_lives_in_the_workspace() {
         );
     }
 }
+
+#[test]
+fn alignments_above_a_page_are_served_by_the_spill_as_by_the_buffer() {
+    // The pool aligns to 4096 at most; a workspace serves any alignment, whether the
+    // request lands in the buffer (later cycles) or spills (the first cycle, learning).
+    let ws = workspaces();
+    let cfg = ndmem::WorkspaceConfig::default();
+    for cycle in 0..3 {
+        let g = ws.get_and_activate(&cfg, "BIG_ALIGN").unwrap();
+        for align in [8192, 1 << 16, 1 << 20] {
+            let layout = Layout::from_size_align(64, align).unwrap();
+            let block = g
+                .alloc(layout)
+                .unwrap_or_else(|e| panic!("cycle {cycle}, align {align}: {e}"));
+            let ptr = block.cast::<u8>().as_ptr();
+            assert_eq!(ptr as usize % align, 0, "cycle {cycle}, align {align}");
+            assert!(block.len() >= 64);
+            // SAFETY: the block holds at least 64 writable bytes for this cycle.
+            unsafe { ptr.write_bytes(7, 64) };
+        }
+        let spilled = g.stats().spilled_bytes;
+        assert_eq!(spilled > 0, cycle == 0, "cycle {cycle} spilled {spilled}");
+    }
+}

@@ -34,7 +34,7 @@ fn defaults_are_those_of_the_contract() {
     let all = WorkspaceConfig::builder()
         .initial_size(1)
         .min_size(2)
-        .max_size(3)
+        .max_size(300)
         .overallocation_limit(1.5)
         .alignment(64)
         .policy_allocation(AllocationPolicy::Strict)
@@ -47,7 +47,7 @@ fn defaults_are_those_of_the_contract() {
         .unwrap();
     assert_eq!(
         (all.initial_size(), all.min_size(), all.max_size()),
-        (1, 2, 3)
+        (1, 2, 300)
     );
     assert_eq!((all.overallocation_limit(), all.alignment()), (1.5, 64));
     assert_eq!(all.cycles_before_initialization(), 4);
@@ -70,6 +70,34 @@ fn every_invalid_combination_is_a_config_error_naming_field_and_value() {
     assert!(WorkspaceConfig::builder()
         .initial_size(200)
         .max_size(0)
+        .build()
+        .is_ok());
+    // A max_size below the alignment: no allocation could be bumped from the buffer.
+    let e = config_error(WorkspaceConfig::builder().max_size(1).build());
+    assert!(
+        e.starts_with("WorkspaceConfig::max_size: max_size 1 is below the alignment 16"),
+        "{e}"
+    );
+    assert!(WorkspaceConfig::builder().max_size(16).build().is_ok());
+    // An overallocation that no learned buffer could have, even of one aligned allocation;
+    // with a max_size to clamp it, or a buffer given up front, it is fine.
+    let e = config_error(
+        WorkspaceConfig::builder()
+            .overallocation_limit(1e300)
+            .build(),
+    );
+    assert!(
+        e.starts_with("WorkspaceConfig::overallocation_limit: overallocation_limit 1e300"),
+        "{e}"
+    );
+    assert!(WorkspaceConfig::builder()
+        .overallocation_limit(1e300)
+        .max_size(1 << 20)
+        .build()
+        .is_ok());
+    assert!(WorkspaceConfig::builder()
+        .overallocation_limit(1e300)
+        .policy_allocation(AllocationPolicy::Strict)
         .build()
         .is_ok());
     // min_size > max_size
