@@ -427,6 +427,27 @@ impl WorkspaceConfig {
                 ),
             );
         }
+        if let LocationPolicy::Mmap { path: Some(path) } = &self.policy_location {
+            // What the path's text alone shows (or a directory there now); the file itself
+            // is opened, and can still fail, when the workspace is created.
+            let problem = if path.as_os_str().is_empty() {
+                Some("an empty path names no file")
+            } else if path.is_dir() {
+                Some("it is a directory, not a file")
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return invalid(
+                    "policy_location",
+                    format!(
+                        "policy_location Mmap with path {:?}: {problem} (path None maps a \
+                         temporary file)",
+                        path
+                    ),
+                );
+            }
+        }
         if matches!(self.policy_location, LocationPolicy::Mmap { .. })
             && self.policy_learning != LearningPolicy::None
             && self.initial_size == 0

@@ -178,3 +178,29 @@ fn min_size_cannot_make_a_ring_of_millions_of_slots() {
     drop(g);
     ws.destroy("MANY_SLOTS").unwrap();
 }
+
+#[test]
+fn a_mapped_path_that_names_no_file_is_refused_at_build() {
+    // An empty path or a directory can never be mapped: build() says so, naming the
+    // setting and the path, before any workspace exists.
+    for path in [PathBuf::new(), std::env::temp_dir()] {
+        let built = WorkspaceConfig::builder()
+            .initial_size(4096)
+            .policy_location(LocationPolicy::Mmap {
+                path: Some(path.clone()),
+            })
+            .build();
+        match built {
+            Err(Error::Config(e)) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.starts_with(
+                        "WorkspaceConfig::policy_location: policy_location Mmap with path"
+                    ) && msg.contains(&format!("{path:?}")),
+                    "{msg}"
+                );
+            }
+            other => panic!("{path:?}: {other:?}"),
+        }
+    }
+}
