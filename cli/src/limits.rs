@@ -25,6 +25,12 @@ pub fn run(environment: &Environment) -> Result<(), Failure> {
     let ram = physical_ram();
     outln!("ndmem limits (physical RAM {})", ByteSize(ram));
     let row = |name: &str, value: Option<usize>, source: LimitSource, none: &str, default: &str| {
+        let none = match source {
+            // Set, to 0 or to 4 EiB or more: no limit (semantics §1), whatever the row
+            // shows when it is unset.
+            LimitSource::Environment => "unlimited",
+            _ => none,
+        };
         let value = value.map_or(none.to_string(), |v| ByteSize(v).to_string());
         let source = match source {
             LimitSource::Environment => "from the environment".to_string(),

@@ -82,3 +82,19 @@ fn a_device_percentage_is_a_share_of_each_device_not_of_ram() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_device_variable_of_0_is_shown_as_no_limit() {
+    let dir = temp_dir("limits-device-0");
+    let out = ndmem(&dir, &["limits"], &[("NDMEM_MAX_DEVICE_BYTES", "0")]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("NDMEM_MAX_DEVICE_BYTES"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        line.contains("unlimited") && line.contains("from the environment"),
+        "{line}"
+    );
+}
