@@ -4,7 +4,9 @@
 //!
 //! Invariant: every value reaching the commands has been validated here (positive counts,
 //! a finite positive learning rate, a size that parses); clap's multi-line errors are
-//! folded into one line.
+//! folded into one line. Every option that takes a value takes one starting with `-`
+//! (`--max-bytes -5%`, `--lr -inf`, `--seed -x`), so the option's own check names it,
+//! rather than clap calling the value an unexpected argument.
 
 use std::path::PathBuf;
 
@@ -76,44 +78,44 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = ModeArg::All)]
     pub mode: ModeArg,
     /// Passes over the training rows (1 to 1000000; at most 1000000 steps per mode).
-    #[arg(long, value_name = "N", default_value_t = 100, allow_negative_numbers = true,
+    #[arg(long, value_name = "N", default_value_t = 100, allow_hyphen_values = true,
           value_parser = |s: &str| at_most::<u32>(s, MAX_EPOCHS))]
     pub epochs: u32,
     /// Stop each mode after N steps (for quick runs).
-    #[arg(long, value_name = "N", allow_negative_numbers = true,
+    #[arg(long, value_name = "N", allow_hyphen_values = true,
           value_parser = |s: &str| at_most::<u64>(s, u64::MAX))]
     pub steps: Option<u64>,
     /// Rows per batch (1 to 65536; above the 120 training rows, a step takes them all).
-    #[arg(long, value_name = "N", default_value_t = 16, allow_negative_numbers = true,
+    #[arg(long, value_name = "N", default_value_t = 16, allow_hyphen_values = true,
           value_parser = |s: &str| at_most::<usize>(s, MAX_BATCH))]
     pub batch: usize,
     /// Hidden units (1 to 65536).
-    #[arg(long, value_name = "N", default_value_t = 32, allow_negative_numbers = true,
+    #[arg(long, value_name = "N", default_value_t = 32, allow_hyphen_values = true,
           value_parser = |s: &str| at_most::<usize>(s, MAX_HIDDEN))]
     pub hidden: usize,
     /// SGD learning rate (a run whose loss stops being finite fails: lower it).
-    #[arg(long, value_name = "RATE", default_value_t = 0.1, allow_negative_numbers = true,
+    #[arg(long, value_name = "RATE", default_value_t = 0.1, allow_hyphen_values = true,
           value_parser = learning_rate)]
     pub lr: f32,
     /// Seed of the train/test split, the shuffles and the initial weights.
-    #[arg(long, value_name = "N", default_value_t = 42, allow_negative_numbers = true,
+    #[arg(long, value_name = "N", default_value_t = 42, allow_hyphen_values = true,
           value_parser = seed)]
     pub seed: u64,
     /// Batches a producer thread builds ahead of training, in a circular workspace
     /// (0 to 64; 0: no prefetching, each batch built on the training thread).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PREFETCH,
-          allow_negative_numbers = true, value_parser = prefetch_depth)]
+          allow_hyphen_values = true, value_parser = prefetch_depth)]
     pub prefetch: usize,
     /// Off-heap limit of the global pool for this run, e.g. 64M, 8GiB, 1T or 50% of RAM
     /// (0: unlimited); default: NDMEM_MAX_BYTES or half of RAM. With --device it also caps
     /// the device's limit, min(SIZE, 90% of the device), unless NDMEM_MAX_DEVICE_BYTES is
     /// set.
-    #[arg(long, value_name = "SIZE", allow_negative_numbers = true, value_parser = size)]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = size)]
     pub max_bytes: Option<usize>,
     /// Train on a device: `cuda:N` (`cuda` is `cuda:0`) or `sim` (a device simulated in
     /// host memory); the weights live there and each step copies its batch in and its loss
     /// out.
-    #[arg(long, value_name = "DEVICE", value_parser = device_spec)]
+    #[arg(long, value_name = "DEVICE", allow_hyphen_values = true, value_parser = device_spec)]
     pub device: Option<DeviceSpec>,
     /// With --device: also train once more with each step captured as a device graph and
     /// replayed, check its losses against the launched steps and report the speed-up.
@@ -154,6 +156,16 @@ impl TrainArgs {
                 .svg
                 .clone()
                 .unwrap_or_else(|| self.out_dir.join("ndmem-report.svg")),
+            json_option: if self.json.is_some() {
+                "--json"
+            } else {
+                "--out-dir"
+            },
+            svg_option: if self.svg.is_some() {
+                "--svg"
+            } else {
+                "--out-dir"
+            },
         }
     }
 }
@@ -207,8 +219,17 @@ fn prefetch_depth(text: &str) -> Result<usize, String> {
 
 fn at_most<T: TryFrom<u64>>(text: &str, max: u64) -> Result<T, String> {
     let value: i128 = text.trim().parse().map_err(|_| {
-        if text.trim().parse::<f64>().is_ok_and(f64::is_finite) {
-            format!("{text:?} is out of range: expected a whole number from 1 to {max}")
+        let trimmed = text.trim();
+        if trimmed.parse::<f64>().is_ok_and(f64::is_finite) {
+            if trimmed.contains(['e', 'E']) {
+                format!(
+                    "{text:?} is not a whole number: exponent notation is not accepted (write the digits, e.g. 1000)"
+                )
+            } else if trimmed.contains('.') {
+                format!("{text:?} is not a whole number (expected 1, 2, 3, ..., no decimal point)")
+            } else {
+                format!("{text:?} is out of range: expected a whole number from 1 to {max}")
+            }
         } else {
             format!("{text:?} is not a whole number (expected 1, 2, 3, ...)")
         }
@@ -236,12 +257,24 @@ fn seed(text: &str) -> Result<u64, String> {
     })
 }
 
-/// A finite learning rate above 0.
+/// A finite learning rate above 0, as an f32: a number that rounds to 0 or to infinity
+/// there is refused as such.
 fn learning_rate(text: &str) -> Result<f32, String> {
     let value: f32 = text
         .trim()
         .parse()
         .map_err(|_| format!("{text:?} is not a number"))?;
+    let wide: f64 = text.trim().parse().unwrap_or(f64::NAN);
+    if value == 0.0 && wide > 0.0 {
+        return Err(format!(
+            "{text} rounds to 0 as an f32 (the smallest above 0 is about 1.4e-45): expected a finite number above 0"
+        ));
+    }
+    if value.is_infinite() && wide.is_finite() && wide > 0.0 {
+        return Err(format!(
+            "{text} rounds to infinity as an f32 (the largest is about 3.4e38): expected a finite number above 0"
+        ));
+    }
     if !(value.is_finite() && value > 0.0) {
         return Err(format!("must be a finite number above 0, got {text}"));
     }
@@ -401,6 +434,26 @@ mod tests {
             (&["ndmem", "--prefetch", "65"][..], "from 0 to 64, got 65"),
             (&["ndmem", "--prefetch", "two"][..], "--prefetch"),
             (&["ndmem", "--max-bytes", "-1"][..], "--max-bytes"),
+            // A value starting with `-` reaches the option's own check.
+            (&["ndmem", "--max-bytes", "-5%"][..], "--max-bytes"),
+            (&["ndmem", "--max-bytes", "-1K"][..], "--max-bytes"),
+            (&["ndmem", "--lr", "-inf"][..], "--lr"),
+            (&["ndmem", "--lr", "-nan"][..], "--lr"),
+            (&["ndmem", "--device", "-1"][..], "--device"),
+            (&["ndmem", "--seed", "-x"][..], "--seed"),
+            (
+                &["ndmem", "--steps", "1e3"][..],
+                "exponent notation is not accepted",
+            ),
+            (&["ndmem", "--batch", "1.5"][..], "is not a whole number"),
+            (
+                &["ndmem", "--lr", "1e-50"][..],
+                "1e-50 rounds to 0 as an f32",
+            ),
+            (
+                &["ndmem", "--lr", "1e39"][..],
+                "1e39 rounds to infinity as an f32",
+            ),
         ] {
             let err = Cli::try_parse_from(args).unwrap_err();
             let line = one_line(&err.render().to_string());

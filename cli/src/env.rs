@@ -4,9 +4,15 @@
 //!
 //! Invariant: a value that does not parse is an error naming the variable and its value,
 //! with an "(expected e.g. ...)" hint, before anything runs (semantics §1: garbage is never
-//! a silent default).
+//! a silent default). `NDMEM_TRACE` is the command's own: checked here (a file it can
+//! write, probed as the reports are), recorded by [`start_trace`] and written by
+//! [`write_trace`], whose failure is the command's (exit 1), not a line at exit.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
 
 use ndmem::alloc::{heap, Limits, ENV_MAX_DEVICE_BYTES};
+use ndmem::trace::ENV_TRACE;
 
 use crate::Failure;
 
@@ -35,6 +41,8 @@ pub struct Environment {
     /// `NDMEM_MAX_DEVICE_BYTES` when it is a percentage (`"50%"`): a share of each device's
     /// memory, which only a device layer can resolve.
     pub device_percent: Option<String>,
+    /// `NDMEM_TRACE`: the timeline file to write, and the value as given (for messages).
+    pub trace: Option<(PathBuf, OsString)>,
 }
 
 /// Reads and checks every `NDMEM_*` variable the command uses (exit 2 on garbage).
@@ -46,6 +54,7 @@ pub fn check() -> Result<Environment, Failure> {
     if let Some(error) = ndmem::trace::env_error() {
         return Err(Failure::config(error.to_string()));
     }
+    let trace = check_trace()?;
     let workspaces = WorkspaceDebug::from_env().map_err(|e| Failure::config(e.to_string()))?;
     let device_percent = std::env::var(ENV_MAX_DEVICE_BYTES)
         .ok()
@@ -55,7 +64,61 @@ pub fn check() -> Result<Environment, Failure> {
         limits,
         workspaces,
         device_percent,
+        trace,
     })
+}
+
+/// `NDMEM_TRACE` as the library's check leaves it, checked further: a value that is only
+/// whitespace (it would name a file called " ") is refused, and the file is probed as the
+/// reports are ([`crate::paths::probe`]: created or opened without truncating, never
+/// left behind). A value that passes is taken off the environment, so the library neither
+/// records nor writes it at exit: the command records it ([`start_trace`]) and writes it
+/// at the end of the run ([`write_trace`]), where a failure is an exit status.
+fn check_trace() -> Result<Option<(PathBuf, OsString)>, Failure> {
+    let Some(value) = std::env::var_os(ENV_TRACE) else {
+        return Ok(None);
+    };
+    let shown = value.to_string_lossy().into_owned();
+    let refuse = |why: &str| {
+        Failure::config(format!(
+            "{ENV_TRACE}={shown:?}{why} (expected the path of a JSON file to write at exit, e.g. {ENV_TRACE}=trace.json)"
+        ))
+    };
+    if shown.trim().is_empty() {
+        return Err(refuse(" is only whitespace"));
+    }
+    let path = PathBuf::from(&value);
+    crate::paths::probe(&path).map_err(|e| refuse(&format!(": {e}")))?;
+    // Before any pool exists (the library reads the variable when the global pool is
+    // made) and before any thread is started.
+    std::env::remove_var(ENV_TRACE);
+    Ok(Some((path, value)))
+}
+
+/// Starts the timeline recorder for `NDMEM_TRACE`, if it is set, as the library would when
+/// the global pool is made (a ring of `trace::DEFAULT_CAPACITY` events).
+pub fn start_trace(environment: &Environment) -> Result<(), Failure> {
+    if environment.trace.is_none() {
+        return Ok(());
+    }
+    ndmem::trace::start(ndmem::trace::DEFAULT_CAPACITY)
+        .map_err(|e| Failure::runtime(format!("{ENV_TRACE}: {e}; no trace is recorded")))
+}
+
+/// Stops the recorder and writes the timeline to `NDMEM_TRACE`'s file (to a temporary
+/// file beside it, then renamed over it): a failure names the variable and the value.
+pub fn write_trace(environment: &Environment) -> Result<(), Failure> {
+    let Some((path, value)) = &environment.trace else {
+        return Ok(());
+    };
+    ndmem::trace::stop();
+    let json = ndmem::trace::to_json();
+    crate::paths::write_files(&[crate::paths::OutputFile {
+        label: format!("{ENV_TRACE}={:?}", value.to_string_lossy()),
+        path,
+        content: json.as_bytes(),
+    }])
+    .map_err(Failure::runtime)
 }
 
 #[cfg(test)]

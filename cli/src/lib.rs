@@ -85,11 +85,33 @@ pub fn run() -> ExitCode {
         Err(Stop::Shown) => return ExitCode::SUCCESS,
         Err(Stop::Usage(message)) => return fail(Failure::config(message)),
     };
-    let result = match cli.command {
+    // The timeline records what uses the pool (train, limits), as the library's own
+    // NDMEM_TRACE does, and is written once the command is done, unless it stopped on a
+    // configuration error (nothing ran).
+    let traced = !matches!(cli.command, Some(Command::Report(_)));
+    let result = if traced {
+        env::start_trace(&environment)
+    } else {
+        Ok(())
+    }
+    .and_then(|()| match cli.command {
         None => train::run(&cli.train.options(), &environment),
         Some(Command::Train(args)) => train::run(&args.options(), &environment),
         Some(Command::Limits) => limits::run(&environment),
         Some(Command::Report(args)) => render_report(&args),
+    });
+    let result = match result {
+        Err(failure) if failure.code == 2 => Err(failure),
+        _ if !traced => result,
+        Ok(()) => env::write_trace(&environment),
+        // The run's failure comes first; a trace that could not be written is added.
+        Err(failure) => match env::write_trace(&environment) {
+            Ok(()) => Err(failure),
+            Err(also) => Err(Failure::runtime(format!(
+                "{}; and {}",
+                failure.message, also.message
+            ))),
+        },
     }
     .and_then(|()| out::finish().map_err(Failure::runtime));
     match result {
@@ -100,10 +122,14 @@ pub fn run() -> ExitCode {
 
 /// Prints `failure` as one `ndmem: ...` line on stderr and gives its exit status.
 fn fail(failure: Failure) -> ExitCode {
-    // One line, whatever the underlying message held.
+    // One line, whatever the underlying message held: line breaks become spaces, other
+    // whitespace stays as it is (a quoted value such as NDMEM_MAX_BYTES="   " is shown
+    // as given).
     let message = failure
         .message
-        .split_whitespace()
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
         .collect::<Vec<_>>()
         .join(" ");
     eprintln!("ndmem: {message}");
@@ -115,12 +141,21 @@ fn fail(failure: Failure) -> ExitCode {
 fn render_report(args: &args::ReportArgs) -> Result<(), Failure> {
     let svg = args.svg();
     paths::check_report_paths(&args.json, &svg).map_err(Failure::config)?;
-    // A timeline file (NDMEM_TRACE, ndmem::trace::dump) is told by its content.
+    let write_svg = |content: &str| {
+        paths::write_files(&[paths::OutputFile {
+            label: format!("-o {}", svg.display()),
+            path: &svg,
+            content: content.as_bytes(),
+        }])
+        .map_err(Failure::runtime)
+    };
+    // A timeline file (NDMEM_TRACE, ndmem::trace::dump) is told by its content, a broken
+    // one by its opening.
     let text = std::fs::read_to_string(&args.json).unwrap_or_default();
-    if timeline::is_trace(&text) {
+    if timeline::is_trace(&text) || timeline::opens_as_trace(&text) {
         let trace = timeline::Trace::parse(&text, &args.json).map_err(Failure::config)?;
         outln!("{}", trace.summary().trim_end());
-        timeline::write(&trace, &svg).map_err(Failure::runtime)?;
+        write_svg(&timeline::render(&trace).map_err(Failure::runtime)?)?;
         outln!("wrote {}", svg.display());
         return Ok(());
     }
@@ -129,7 +164,7 @@ fn render_report(args: &args::ReportArgs) -> Result<(), Failure> {
     outln!();
     outln!("{}", report.agreement().verdict());
     train::print_comparison(&report);
-    chart::write(&report, &svg).map_err(Failure::runtime)?;
+    write_svg(&chart::render(&report).map_err(Failure::runtime)?)?;
     outln!("wrote {}", svg.display());
     Ok(())
 }

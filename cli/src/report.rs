@@ -86,6 +86,12 @@ pub struct RunConfig {
     /// thread; `None`: a report written before batches were prefetched).
     #[serde(default)]
     pub prefetch: Option<usize>,
+    /// With a device: what set the device's limit, `NDMEM_MAX_DEVICE_BYTES` when it was
+    /// set, else what set the off-heap limit the device's followed (min(that, 90% of the
+    /// device)): `--max-bytes`, `NDMEM_MAX_BYTES` or `default`. `None` on the host, and in
+    /// reports written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_limit_set_by: Option<String>,
 }
 
 /// What one mode measured.
@@ -289,11 +295,17 @@ impl Report {
         }
     }
 
-    /// The report as JSON.
-    pub fn write_json(&self, path: &Path) -> Result<(), String> {
+    /// The report as JSON text, ending in a newline.
+    pub fn to_json(&self) -> Result<String, String> {
         let mut text = serde_json::to_string(self)
             .map_err(|e| format!("cannot encode the report as JSON: {e}"))?;
         text.push('\n');
+        Ok(text)
+    }
+
+    /// The report as JSON, written to `path`.
+    pub fn write_json(&self, path: &Path) -> Result<(), String> {
+        let text = self.to_json()?;
         fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 
@@ -309,11 +321,70 @@ impl Report {
         Ok(report)
     }
 
-    /// Refuses a report no run could have written: no modes, or a mode whose series do not
-    /// all hold one value per step. The message names what is wrong.
+    /// Refuses a report no run could have written: no modes, a mode listed twice, a
+    /// negative figure where none can be, a test accuracy above 100%, or a mode whose
+    /// series do not all hold one value per step. The message names what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         if self.modes.is_empty() {
             return Err("it holds no modes (\"modes\" is empty)".into());
+        }
+        for (i, m) in self.modes.iter().enumerate() {
+            if self.modes[..i].iter().any(|earlier| earlier.mode == m.mode) {
+                return Err(format!(
+                    "mode {:?} is listed twice (a run trains each mode once)",
+                    m.mode
+                ));
+            }
+            let mut figures = vec![
+                ("step_seconds", m.step_seconds),
+                ("steps_per_sec", m.steps_per_sec),
+                ("pool_allocations_per_step", m.pool_allocations_per_step),
+                ("os_allocations_per_step", m.os_allocations_per_step),
+                ("heap_allocations_per_step", m.heap_allocations_per_step),
+                ("test_accuracy", m.test_accuracy),
+            ];
+            if let Some(d) = &m.device {
+                figures.extend([
+                    (
+                        "device.driver_allocations_per_step",
+                        d.driver_allocations_per_step,
+                    ),
+                    ("device.htod_per_step", d.htod_per_step),
+                    ("device.dtoh_per_step", d.dtoh_per_step),
+                ]);
+            }
+            for (name, value) in figures {
+                if value.is_nan() || value < 0.0 {
+                    return Err(format!(
+                        "mode {:?} has {name} {value}, which cannot be negative",
+                        m.mode
+                    ));
+                }
+            }
+            if m.test_accuracy > 1.0 {
+                return Err(format!(
+                    "mode {:?} has test_accuracy {} (above 1, i.e. 100%)",
+                    m.mode, m.test_accuracy
+                ));
+            }
+        }
+        if let Some(g) = &self.graph {
+            for (name, value) in [
+                ("steps_per_sec", g.steps_per_sec),
+                ("launched_steps_per_sec", g.launched_steps_per_sec),
+                (
+                    "max_relative_loss_difference",
+                    g.max_relative_loss_difference,
+                ),
+                ("htod_per_step", g.htod_per_step),
+                ("dtoh_per_step", g.dtoh_per_step),
+            ] {
+                if value.is_nan() || value < 0.0 {
+                    return Err(format!(
+                        "the graph run has {name} {value}, which cannot be negative"
+                    ));
+                }
+            }
         }
         for m in &self.modes {
             let s = &m.series;
@@ -344,7 +415,8 @@ impl Report {
 
     /// The smallest `--max-bytes` that runs every mode of this report, and what sets it:
     /// the highest off-heap used peak or, when the modes ran on a device and its peak is
-    /// higher, the highest device peak (`--max-bytes` also caps the device's limit).
+    /// higher, the highest device peak (the device's limit follows the off-heap one, so
+    /// `--max-bytes` caps it too), unless `NDMEM_MAX_DEVICE_BYTES` set the device's limit.
     pub fn limit_needed(&self) -> (usize, LimitBasis) {
         let off_heap = self
             .modes
@@ -352,8 +424,19 @@ impl Report {
             .map(|m| m.peak_pool_used_bytes)
             .max()
             .unwrap_or(0);
+        let set_by = self.config.device_limit_set_by.as_deref();
+        if set_by == Some(ndmem::alloc::ENV_MAX_DEVICE_BYTES) && self.device_peak().is_some() {
+            return (off_heap, LimitBasis::OffHeapDeviceSeparate);
+        }
         match self.device_peak() {
-            Some(device) if device > off_heap => (device, LimitBasis::Device),
+            Some(device) if device > off_heap => (
+                device,
+                match set_by {
+                    Some("--max-bytes") => LimitBasis::DeviceCappedByMaxBytes,
+                    Some(_) => LimitBasis::DeviceFollowsOffHeap,
+                    None => LimitBasis::Device,
+                },
+            ),
             Some(_) => (off_heap, LimitBasis::OffHeapAboveDevice),
             None => (off_heap, LimitBasis::OffHeap),
         }
@@ -486,9 +569,18 @@ pub enum LimitBasis {
     OffHeap,
     /// The highest off-heap used peak, at least the highest device peak.
     OffHeapAboveDevice,
-    /// The highest device peak: with `--device`, `--max-bytes` also caps the device's
-    /// limit (min(max_bytes, 90% of the device) unless `NDMEM_MAX_DEVICE_BYTES` is set).
+    /// The highest device peak, in a report that does not say what set the device's limit
+    /// (written before that was recorded): nothing is claimed about it.
     Device,
+    /// The highest device peak: `--max-bytes` capped the device's limit (min(max_bytes,
+    /// 90% of the device), `NDMEM_MAX_DEVICE_BYTES` unset).
+    DeviceCappedByMaxBytes,
+    /// The highest device peak: the device's limit followed the off-heap limit set by
+    /// `NDMEM_MAX_BYTES` or the default, as it would follow `--max-bytes`.
+    DeviceFollowsOffHeap,
+    /// The highest off-heap used peak: `NDMEM_MAX_DEVICE_BYTES` set the device's limit,
+    /// which `--max-bytes` does not change.
+    OffHeapDeviceSeparate,
 }
 
 impl LimitBasis {
@@ -499,7 +591,16 @@ impl LimitBasis {
             LimitBasis::OffHeapAboveDevice => {
                 "the highest off-heap used peak, which also covers the device peak"
             }
-            LimitBasis::Device => "the highest device peak; --max-bytes also caps the device",
+            LimitBasis::Device => "the highest device peak",
+            LimitBasis::DeviceCappedByMaxBytes => {
+                "the highest device peak; --max-bytes also caps the device"
+            }
+            LimitBasis::DeviceFollowsOffHeap => {
+                "the highest device peak; the device's limit follows the off-heap limit"
+            }
+            LimitBasis::OffHeapDeviceSeparate => {
+                "the highest off-heap used peak; NDMEM_MAX_DEVICE_BYTES sets the device's limit"
+            }
         }
     }
 }
@@ -649,6 +750,7 @@ mod tests {
                 seed: 1,
                 max_bytes: None,
                 prefetch: Some(2),
+                device_limit_set_by: None,
             },
             modes,
             graph: None,
@@ -731,6 +833,28 @@ mod tests {
     }
 
     #[test]
+    fn validation_refuses_a_mode_twice_and_negative_figures() {
+        let a = [1.0f32, 0.5];
+        let error = report(vec![mode("pool", &a), mode("pool", &a)])
+            .validate()
+            .unwrap_err();
+        assert!(error.contains("mode \"pool\" is listed twice"), "{error}");
+        let mut m = mode("pool", &a);
+        m.steps_per_sec = -3.0;
+        let error = report(vec![m]).validate().unwrap_err();
+        assert!(
+            error.contains("steps_per_sec -3") && error.contains("cannot be negative"),
+            "{error}"
+        );
+        let mut m = mode("scopes", &a);
+        m.test_accuracy = 1.5;
+        assert!(report(vec![m])
+            .validate()
+            .unwrap_err()
+            .contains("test_accuracy"));
+    }
+
+    #[test]
     fn json_round_trips_loss_bits() {
         let loss = [1.0986123f32, 0.1 + 0.2, f32::MIN_POSITIVE, 3.4e38];
         let r = report(vec![mode("pool", &loss)]);
@@ -782,8 +906,30 @@ mod tests {
         let host = report(vec![mode("pool", &[1.0]), mode("scopes", &[1.0])]);
         assert_eq!(host.limit_needed(), (8192, LimitBasis::OffHeap));
         // A device peak above it sets the limit, and the table says so.
-        let r = report(vec![on_device(17_920), on_device(12_000)]);
+        let mut r = report(vec![on_device(17_920), on_device(12_000)]);
         assert_eq!(r.limit_needed(), (17_920, LimitBasis::Device));
+        assert!(
+            !r.table().contains("caps the device"),
+            "an old report: no claim"
+        );
+        r.config.device_limit_set_by = Some("NDMEM_MAX_BYTES".into());
+        assert_eq!(r.limit_needed(), (17_920, LimitBasis::DeviceFollowsOffHeap));
+        // NDMEM_MAX_DEVICE_BYTES set the device's limit: --max-bytes does not change it,
+        // so the device peak sets no --max-bytes and nothing says --max-bytes caps it.
+        r.config.device_limit_set_by = Some("NDMEM_MAX_DEVICE_BYTES".into());
+        assert_eq!(r.limit_needed(), (8192, LimitBasis::OffHeapDeviceSeparate));
+        let table = r.table();
+        assert!(!table.contains("caps the device"), "{table}");
+        assert!(
+            table.contains("NDMEM_MAX_DEVICE_BYTES sets the device's limit"),
+            "{table}"
+        );
+        assert!(table.lines().all(|l| l.chars().count() <= 80), "{table}");
+        r.config.device_limit_set_by = Some("--max-bytes".into());
+        assert_eq!(
+            r.limit_needed(),
+            (17_920, LimitBasis::DeviceCappedByMaxBytes)
+        );
         let table = r.table();
         let tail = table
             .split("--max-bytes 17.5K or more runs these 2 modes")

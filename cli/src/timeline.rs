@@ -77,11 +77,39 @@ pub fn is_trace(text: &str) -> bool {
     serde_json::from_str::<Probe>(text).is_ok_and(|p| p.format.as_deref() == Some(FORMAT))
 }
 
+/// Whether `text` opens as a timeline file does, `{"format": "ndmem-trace"`, whatever
+/// follows: a file cut short (a full disk, a killed process) is still told to be a broken
+/// timeline rather than a broken training report.
+pub fn opens_as_trace(text: &str) -> bool {
+    let rest = text.trim_start();
+    let Some(rest) = rest.strip_prefix('{') else {
+        return false;
+    };
+    let Some(rest) = rest.trim_start().strip_prefix("\"format\"") else {
+        return false;
+    };
+    let Some(rest) = rest.trim_start().strip_prefix(':') else {
+        return false;
+    };
+    rest.trim_start()
+        .strip_prefix('"')
+        .and_then(|r| r.strip_prefix(FORMAT))
+        .is_some_and(|r| r.starts_with('"'))
+}
+
 impl Trace {
     /// Parses a timeline file's text.
     pub fn parse(text: &str, origin: &Path) -> Result<Trace, String> {
-        let trace: Trace = serde_json::from_str(text)
-            .map_err(|e| format!("{} is not a timeline file: {e}", origin.display()))?;
+        let trace: Trace = serde_json::from_str(text).map_err(|e| {
+            if opens_as_trace(text) {
+                format!(
+                    "{} is a broken timeline file (cut short or damaged): {e}",
+                    origin.display()
+                )
+            } else {
+                format!("{} is not a timeline file: {e}", origin.display())
+            }
+        })?;
         if trace.format != FORMAT {
             return Err(format!("{} is not a timeline file", origin.display()));
         }

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
-use ndmem::alloc::{heap, ByteSize, LimitSource, Pool, PoolStats, ENV_MAX_BYTES, ENV_MAX_HEAP};
+use ndmem::alloc::{
+    heap, ByteSize, LimitSource, Pool, PoolStats, ENV_MAX_BYTES, ENV_MAX_DEVICE_BYTES, ENV_MAX_HEAP,
+};
 use ndmem::device::{self, Device};
 use ndmem::prefetch::Prefetch;
 use ndmem::{reclaim, Tensor};
@@ -62,6 +64,11 @@ pub struct TrainOptions {
     pub json: PathBuf,
     /// Where to write the SVG report.
     pub svg: PathBuf,
+    /// The flag that named `json`, as errors name it: `--json`, or `--out-dir` for the
+    /// default path.
+    pub json_option: &'static str,
+    /// The flag that named `svg`: `--svg` or `--out-dir`.
+    pub svg_option: &'static str,
 }
 
 /// A device named on the command line: `sim` or `cuda:N`.
@@ -108,8 +115,8 @@ impl std::fmt::Display for DeviceSpec {
 /// Runs the training in every requested mode, prints the summary and writes the reports.
 /// Fails (after writing the reports) if the loss curves are not identical.
 pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Failure> {
-    paths::check_train_paths(&options.out_dir, &options.json, &options.svg)
-        .map_err(Failure::config)?;
+    // Everything that can fail as configuration (the limit, the device, the run's length)
+    // is checked before the output paths, whose check may create --out-dir.
     let pool = Pool::try_global().map_err(|e| Failure::config(e.to_string()))?;
     if let Some(limit) = options.max_bytes {
         pool.set_max_bytes_by(Some(limit), "--max-bytes")
@@ -141,6 +148,12 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     let parameters = dims
         .parameters()
         .ok_or_else(|| Failure::config(format!("--hidden {} is too large", options.hidden)))?;
+    paths::check_train_paths(
+        &options.out_dir,
+        (&options.json, options.json_option),
+        (&options.svg, options.svg_option),
+    )
+    .map_err(Failure::config)?;
     outln!(
         "ndmem train: Iris, {} flowers ({} train, {} test), {} features, {} classes",
         data.rows(),
@@ -164,25 +177,50 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         run_length(options.epochs, steps_per_epoch, options.max_steps, total)
     );
     let limit = pool.limits().0;
-    let source = if options.max_bytes.is_some() {
-        "--max-bytes".to_string()
+    // What set the off-heap limit: a key for the report, words for the header.
+    let (set_by, source) = if options.max_bytes.is_some() {
+        ("--max-bytes", "--max-bytes".to_string())
     } else {
         match environment.limits.sources.max_bytes {
-            LimitSource::Environment => ENV_MAX_BYTES.to_string(),
-            _ => format!("default: {}", limits::default_max_bytes()),
+            LimitSource::Environment => (ENV_MAX_BYTES, ENV_MAX_BYTES.to_string()),
+            _ => (
+                "default",
+                format!("default: {}", limits::default_max_bytes()),
+            ),
         }
     };
+    // A device's limit is NDMEM_MAX_DEVICE_BYTES when it is set (whatever its value, 0
+    // included), else min(off-heap limit, 90% of the device): it follows what set that.
+    let device_limit_set_by = device.as_ref().map(|_| {
+        if std::env::var_os(ENV_MAX_DEVICE_BYTES).is_some() {
+            ENV_MAX_DEVICE_BYTES.to_string()
+        } else {
+            set_by.to_string()
+        }
+    });
     outln!(
         "off-heap limit {} ({source})",
         limit.map_or_else(|| "unlimited".to_string(), |l| ByteSize(l).to_string())
     );
-    outln!("{}", describe_heap(heap::stats().limit));
-    outln!("{}", describe_prefetch(options.prefetch));
+    outln!(
+        "{}",
+        describe_heap(
+            heap::stats().limit,
+            environment.limits.sources.max_heap,
+            std::env::var(ENV_MAX_HEAP).ok().as_deref()
+        )
+    );
+    let bypass = environment.workspaces == crate::env::WorkspaceDebug::Bypass;
+    outln!("{}", describe_prefetch(options.prefetch, bypass));
     if let Some(line) = crate::env::describe_workspaces(environment.workspaces) {
         outln!("{line}");
     }
     for mode in &options.modes {
-        outln!("  {:<11} {}", mode.name(), mode.describe());
+        let what = match mode {
+            Mode::Workspaces if bypass => BYPASSED_WORKSPACES,
+            _ => mode.describe(),
+        };
+        outln!("  {:<11} {what}", mode.name());
     }
     if let Some(gpu) = &device {
         outln!("device: {}", gpu.describe());
@@ -204,6 +242,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
             seed: options.seed,
             max_bytes: limit,
             prefetch: Some(options.prefetch),
+            device_limit_set_by,
         },
         modes: Vec::new(),
         graph: None,
@@ -284,8 +323,22 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     let agreement = report.agreement();
     outln!("{}", agreement.verdict());
     print_comparison(&report);
-    report.write_json(&options.json).map_err(Failure::runtime)?;
-    chart::write(&report, &options.svg).map_err(Failure::runtime)?;
+    // Both reports are rendered, then written all or none (paths::write_files).
+    let json = report.to_json().map_err(Failure::runtime)?;
+    let svg = chart::render(&report).map_err(Failure::runtime)?;
+    paths::write_files(&[
+        paths::OutputFile {
+            label: format!("{} {}", options.json_option, options.json.display()),
+            path: &options.json,
+            content: json.as_bytes(),
+        },
+        paths::OutputFile {
+            label: format!("{} {}", options.svg_option, options.svg.display()),
+            path: &options.svg,
+            content: svg.as_bytes(),
+        },
+    ])
+    .map_err(Failure::runtime)?;
     outln!(
         "report: {} and {}",
         options.json.display(),
@@ -337,19 +390,42 @@ pub fn run_length(epochs: u32, steps_per_epoch: u64, max_steps: Option<u64>, tot
 }
 
 /// The header's heap line: what counts the heap, and its limit when one is set (the report
-/// and the chart are written under it too, after the modes ran).
-fn describe_heap(limit: Option<usize>) -> String {
+/// and the chart are written under it too, after the modes ran). `source` and `value` are
+/// where the limit came from and `NDMEM_MAX_HEAP`'s value: a variable set to 0, or to
+/// 4 EiB or more, means no limit (semantics §1), and a second line says so.
+pub fn describe_heap(limit: Option<usize>, source: LimitSource, value: Option<&str>) -> String {
     let counted = "heap: every byte counted by Tracking<System>";
-    match limit {
-        Some(limit) => format!("{counted}; limit {} ({ENV_MAX_HEAP})", ByteSize(limit)),
-        None => format!("{counted}; no limit ({ENV_MAX_HEAP} unset)"),
+    match (limit, source, value) {
+        (Some(limit), _, _) => format!("{counted}; limit {} ({ENV_MAX_HEAP})", ByteSize(limit)),
+        (None, LimitSource::Environment, Some(value)) => {
+            let value = value.trim();
+            let why = if ndmem::alloc::parse_size(value) == Ok(0) {
+                "0 means no limit"
+            } else {
+                "4 EiB or more means no limit"
+            };
+            format!("{counted}; no limit\n  ({ENV_MAX_HEAP}={value}: {why})")
+        }
+        (None, LimitSource::Environment, None) => format!("{counted}; no limit ({ENV_MAX_HEAP})"),
+        (None, _, _) => format!("{counted}; no limit ({ENV_MAX_HEAP} unset)"),
     }
 }
 
-/// The header line saying how the batches are read.
-pub fn describe_prefetch(prefetch: usize) -> String {
+/// What the header says of `workspaces` mode under `NDMEM_WORKSPACES=bypass` (semantics
+/// §2: workspaces are off for tensors, which go to the pool).
+pub const BYPASSED_WORKSPACES: &str =
+    "workspace cycles entered but bypassed: tensors are pool blocks";
+
+/// The header line saying how the batches are read; `bypass`: `NDMEM_WORKSPACES=bypass`,
+/// under which the producer's ring workspace holds no batch (they are pool blocks).
+pub fn describe_prefetch(prefetch: usize, bypass: bool) -> String {
     if prefetch == 0 {
         "batches: built on the training thread, no prefetching (--prefetch 0)".to_string()
+    } else if bypass {
+        // At most 78 columns (--prefetch 64).
+        format!(
+            "batches: {prefetch} ahead, by a thread, as pool blocks (ring bypassed; --prefetch {prefetch})"
+        )
     } else {
         // At most 76 columns (--prefetch 64).
         format!(
@@ -741,6 +817,8 @@ mod tests {
             out_dir: PathBuf::new(),
             json: PathBuf::new(),
             svg: PathBuf::new(),
+            json_option: "--json",
+            svg_option: "--svg",
         }
     }
 

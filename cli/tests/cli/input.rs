@@ -253,3 +253,231 @@ fn a_limit_set_by_max_bytes_is_the_one_the_refusal_says_to_raise() {
         assert!(!stderr.contains("Pool::set_max_bytes"), "{stderr}");
     }
 }
+
+#[test]
+fn unwritable_report_paths_are_refused_before_training_naming_the_flag() {
+    let dir = temp_dir("unwritable");
+    std::fs::write(dir.join("old.json"), "old").unwrap();
+    let cases: [BadInput; 5] = [
+        (
+            &[
+                "--steps",
+                "1",
+                "--mode",
+                "pool",
+                "--json",
+                "r2.json",
+                "--svg",
+                "/proc/r2.svg",
+            ],
+            &[],
+            "--svg /proc/r2.svg: cannot create a file there: ",
+        ),
+        (
+            &[
+                "--steps",
+                "1",
+                "--mode",
+                "pool",
+                "--json",
+                "old.json",
+                "--svg",
+                "/dev/full",
+            ],
+            &[],
+            "--svg /dev/full: cannot write to it: No space left on device",
+        ),
+        (
+            &["--steps", "1", "--mode", "pool", "--json", "/proc/r.json"],
+            &[],
+            "--json /proc/r.json: cannot create a file there: ",
+        ),
+        (
+            &["--steps", "1", "--mode", "pool", "--out-dir", "/proc"],
+            &[],
+            "--out-dir /proc/ndmem-report.json: cannot create a file there: ",
+        ),
+        (
+            &["report", "old.json", "-o", "/proc/x.svg"],
+            &[],
+            "-o /proc/x.svg: cannot create a file there: ",
+        ),
+    ];
+    for (args, env, needle) in cases {
+        let out = ndmem(&dir, args, env);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("ndmem: {needle}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: no training");
+    }
+    // Nothing was written, the old report is whole, no probe or temporary file is left.
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["old.json"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("old.json")).unwrap(),
+        "old"
+    );
+
+    // A run that writes leaves the two reports and nothing beside them.
+    let out = ndmem(
+        &dir,
+        &["--steps", "1", "--mode", "pool", "--json", "old.json"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["ndmem-report.svg", "old.json"]);
+    assert!(read_json(&dir.join("old.json"))["modes"].is_array());
+}
+
+#[test]
+fn a_trace_file_that_cannot_be_written_is_refused_before_any_work() {
+    let dir = temp_dir("trace-unwritable");
+    for (value, needle) in [
+        (
+            "/proc/t.json",
+            "NDMEM_TRACE=\"/proc/t.json\": cannot create a file there: ",
+        ),
+        (
+            "/dev/full",
+            "NDMEM_TRACE=\"/dev/full\": cannot write to it: No space left",
+        ),
+        (" ", "NDMEM_TRACE=\" \" is only whitespace"),
+        ("\t  ", "NDMEM_TRACE=\"\\t  \" is only whitespace"),
+    ] {
+        let out = ndmem(
+            &dir,
+            &["--steps", "2", "--mode", "pool"],
+            &[("NDMEM_TRACE", value)],
+        );
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{value:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{value:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("ndmem: {needle}")),
+            "{value:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{value:?}: no training");
+    }
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing written"
+    );
+    // A file it can write: written once, at the end, with nothing said on stderr.
+    let out = ndmem(
+        &dir,
+        &["--steps", "2", "--mode", "pool"],
+        &[("NDMEM_TRACE", "t.json")],
+    );
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(read_json(&dir.join("t.json"))["format"], "ndmem-trace");
+}
+
+#[test]
+fn a_configuration_error_leaves_no_out_dir_behind() {
+    let dir = temp_dir("out-dir-config");
+    for args in [
+        &["--steps", "1", "--device", "cuda:99", "--out-dir", "od/a/b"][..],
+        &[
+            "--steps",
+            "1",
+            "--out-dir",
+            "od/a/b",
+            "--svg",
+            "/proc/x.svg",
+        ],
+        &["--epochs", "1000000", "--batch", "1", "--out-dir", "od/a/b"],
+    ] {
+        let out = ndmem(&dir, args, &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(!dir.join("od").exists(), "{args:?}: od/a/b was left behind");
+    }
+}
+
+#[test]
+fn option_values_are_judged_by_the_option_that_takes_them() {
+    let dir = temp_dir("hyphen-values");
+    for (args, needle) in [
+        (&["--max-bytes", "-5%"][..], "'--max-bytes <SIZE>'"),
+        (&["--max-bytes", "-1K"], "'--max-bytes <SIZE>'"),
+        (&["--lr", "-inf"], "'--lr <RATE>'"),
+        (&["--lr", "-nan"], "'--lr <RATE>'"),
+        (&["--device", "-1"], "'--device <DEVICE>'"),
+        (&["--seed", "-x"], "'--seed <N>'"),
+        (&["--steps", "1e3"], "exponent notation is not accepted"),
+        (&["--lr", "1e-50"], "1e-50 rounds to 0 as an f32"),
+    ] {
+        let out = ndmem(&dir, args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle) && !stderr.contains("unexpected argument"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("out of range"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_quoted_value_in_an_error_is_shown_as_given() {
+    let dir = temp_dir("quoted-value");
+    let out = ndmem(&dir, &["limits"], &[("NDMEM_MAX_BYTES", "   ")]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("ndmem: NDMEM_MAX_BYTES=\"   \" is not a valid size"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_heap_variable_meaning_no_limit_is_not_called_unset() {
+    let dir = temp_dir("heap-no-limit");
+    for (value, says) in [
+        ("0", "(NDMEM_MAX_HEAP=0: 0 means no limit)"),
+        (
+            "4096P",
+            "(NDMEM_MAX_HEAP=4096P: 4 EiB or more means no limit)",
+        ),
+        (
+            "9223372036854775807",
+            "(NDMEM_MAX_HEAP=9223372036854775807: 4 EiB or more means no limit)",
+        ),
+    ] {
+        let out = ndmem(
+            &dir,
+            &["--steps", "2", "--mode", "pool"],
+            &[("NDMEM_MAX_HEAP", value)],
+        );
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{value}: {}", text(&out.stderr));
+        assert!(!stdout.contains("unset"), "{value}: {stdout}");
+        assert!(stdout.contains(says), "{value}: {stdout}");
+        assert!(stdout.lines().all(|l| l.chars().count() <= 80), "{stdout}");
+    }
+    let out = ndmem(&dir, &["--steps", "2", "--mode", "pool"], &[]);
+    assert!(text(&out.stdout).contains("no limit (NDMEM_MAX_HEAP unset)"));
+}

@@ -130,8 +130,20 @@ fn report_refuses_a_json_no_run_could_have_written() {
         .pop();
     write_json(&dir.join("uneven.json"), &uneven);
 
+    let mut twice = json.clone();
+    twice["modes"][1] = json["modes"][0].clone();
+    write_json(&dir.join("twice.json"), &twice);
+    let mut negative = json.clone();
+    negative["modes"][2]["steps_per_sec"] = Value::from(-5.0);
+    write_json(&dir.join("negative.json"), &negative);
+
     for (file, needle) in [
         ("empty.json", "it holds no modes"),
+        ("twice.json", "mode \"pool\" is listed twice"),
+        (
+            "negative.json",
+            "mode \"scopes\" has steps_per_sec -5, which cannot be negative",
+        ),
         (
             "uneven.json",
             "mode \"workspaces\" ran 12 steps but its series pool_live_bytes holds 11 values",
@@ -189,11 +201,25 @@ fn on_a_device_the_suggested_max_bytes_runs_every_mode() {
     // The line says what sets it, and `report` gives the same line from the JSON.
     let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        flat.contains("(the highest device peak; --max-bytes also caps the device)."),
+        flat.contains("(the highest device peak; the device's limit follows the off-heap limit)."),
         "{stdout}"
     );
     let again = ndmem(&dir, &["report", "ndmem-report.json", "-o", "r.svg"], &[]);
     assert_eq!(suggested_max_bytes(&text(&again.stdout)), size);
+    // The rerun's --max-bytes capped the device: its report says so.
+    let limited = ndmem(
+        &dir,
+        &["report", "limited/ndmem-report.json", "-o", "l.svg"],
+        &[],
+    );
+    let flat = text(&limited.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        flat.contains("(the highest device peak; --max-bytes also caps the device)."),
+        "{flat}"
+    );
 }
 
 #[test]
@@ -296,4 +322,26 @@ fn a_timeline_is_drawn_beside_itself_not_over_the_training_chart() {
     ] {
         assert!(help.contains(word), "{word}: {help}");
     }
+}
+
+#[test]
+fn a_truncated_timeline_is_called_a_broken_timeline() {
+    let dir = temp_dir("report-broken-timeline");
+    let out = ndmem(
+        &dir,
+        &["--steps", "2", "--mode", "pool"],
+        &[("NDMEM_TRACE", "trace.json")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let whole = std::fs::read_to_string(dir.join("trace.json")).unwrap();
+    std::fs::write(dir.join("cut.json"), &whole[..whole.len() / 2]).unwrap();
+    let out = ndmem(&dir, &["report", "cut.json"], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("ndmem: cut.json is a broken timeline file")
+            && !stderr.contains("report"),
+        "{stderr}"
+    );
+    assert!(!dir.join("cut.svg").exists());
 }

@@ -335,6 +335,79 @@ fn the_header_names_the_workspace_debug_mode() {
 }
 
 #[test]
+fn under_bypass_the_header_claims_no_workspace() {
+    // NDMEM_WORKSPACES=bypass: workspaces are off for tensors, which are pool blocks
+    // (semantics §2), the prefetching ring's batches and workspaces mode's steps too.
+    let dir = temp_dir("bypass-header");
+    let out = ndmem(&dir, &["--steps", "2"], &[("NDMEM_WORKSPACES", "bypass")]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let header: Vec<&str> = stdout.lines().take_while(|l| !l.is_empty()).collect();
+    for claim in ["ring workspace", "FirstLoop", "parent one"] {
+        assert!(
+            header.iter().all(|l| !l.contains(claim)),
+            "{claim}: {stdout}"
+        );
+    }
+    assert!(
+        header
+            .iter()
+            .any(|l| l.starts_with("batches: 2 ahead, by a thread, as pool blocks")),
+        "{stdout}"
+    );
+    assert!(header.iter().all(|l| l.chars().count() <= 80), "{stdout}");
+    // Without it, the header says what the modes do.
+    let out = ndmem(&dir, &["--steps", "2"], &[]);
+    assert!(text(&out.stdout).contains("into a 4-slot ring workspace"));
+}
+
+#[test]
+fn a_device_limit_from_the_environment_is_not_said_to_follow_max_bytes() {
+    let dir = temp_dir("device-limit-env");
+    for value in ["1G", "0"] {
+        let out = ndmem(
+            &dir,
+            &["--device", "sim", "--steps", "5", "--max-bytes", "20K"],
+            &[("NDMEM_MAX_DEVICE_BYTES", value)],
+        );
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{value}: {}", text(&out.stderr));
+        let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(!flat.contains("caps the device"), "{value}: {stdout}");
+        assert!(
+            flat.contains("NDMEM_MAX_DEVICE_BYTES sets the device's limit"),
+            "{value}: {stdout}"
+        );
+        let json = read_json(&dir.join("ndmem-report.json"));
+        assert_eq!(
+            json["config"]["device_limit_set_by"],
+            "NDMEM_MAX_DEVICE_BYTES"
+        );
+        let again = ndmem(&dir, &["report", "ndmem-report.json", "-o", "r.svg"], &[]);
+        let again = text(&again.stdout);
+        assert!(!again.contains("caps the device"), "{value}: {again}");
+    }
+    // A report written before the field existed makes no claim about the device limit.
+    let mut json = read_json(&dir.join("ndmem-report.json"));
+    json["config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("device_limit_set_by");
+    for m in json["modes"].as_array_mut().unwrap() {
+        m["device"]["peak_bytes"] = Value::from(1u64 << 30);
+    }
+    write_json(&dir.join("old.json"), &json);
+    let out = ndmem(&dir, &["report", "old.json", "-o", "old.svg"], &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("(the highest device peak).") && !flat.contains("caps the device"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn on_a_simulated_device_every_mode_agrees_with_the_host_run() {
     let dir = temp_dir("train-device");
     let args = ["train", "--steps", "10", "--hidden", "8", "--out-dir", "."];
