@@ -7,7 +7,6 @@
 //! from the line it labels, and when a series longer than [`MAX_POINTS`] is reduced to
 //! bucket maxima (the loss: bucket means) the axis says so.
 
-use std::path::Path;
 
 use plotters::prelude::*;
 
@@ -192,11 +191,6 @@ pub fn render(report: &Report) -> Result<String, String> {
     Ok(svg)
 }
 
-/// Renders `report` into the file `path`.
-pub fn write(report: &Report, path: &Path) -> Result<(), String> {
-    let svg = render(report)?;
-    std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
 
 /// Draws the title and the four [`PANELS`] of `report` into `svg`.
 fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Error>> {

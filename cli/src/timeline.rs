@@ -211,11 +211,6 @@ pub fn render(trace: &Trace) -> Result<String, String> {
     Ok(svg)
 }
 
-/// Renders `trace` into the file `path`.
-pub fn write(trace: &Trace, path: &Path) -> Result<(), String> {
-    let svg = render(trace)?;
-    std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
 
 fn draw(trace: &Trace, svg: &mut String) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::with_string(svg, (1200, 600)).into_drawing_area();
