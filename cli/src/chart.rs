@@ -7,7 +7,6 @@
 //! from the line it labels, and when a series longer than [`MAX_POINTS`] is reduced to
 //! bucket maxima (the loss: bucket means) the axis says so.
 
-
 use plotters::prelude::*;
 
 use ndmem::alloc::ByteSize;
@@ -190,7 +189,6 @@ pub fn render(report: &Report) -> Result<String, String> {
     draw(report, &mut svg).map_err(|e| format!("cannot draw the SVG report: {e}"))?;
     Ok(svg)
 }
-
 
 /// Draws the title and the four [`PANELS`] of `report` into `svg`.
 fn draw(report: &Report, svg: &mut String) -> Result<(), Box<dyn std::error::Error>> {

@@ -211,7 +211,6 @@ pub fn render(trace: &Trace) -> Result<String, String> {
     Ok(svg)
 }
 
-
 fn draw(trace: &Trace, svg: &mut String) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::with_string(svg, (1200, 600)).into_drawing_area();
     root.fill(&WHITE)?;
