@@ -181,26 +181,31 @@ fn min_size_cannot_make_a_ring_of_millions_of_slots() {
 
 #[test]
 fn a_mapped_path_that_names_no_file_is_refused_at_build() {
-    // An empty path or a directory can never be mapped: build() says so, naming the
-    // setting and the path, before any workspace exists.
-    for path in [PathBuf::new(), std::env::temp_dir()] {
-        let built = WorkspaceConfig::builder()
+    // An empty path can never be mapped: build() says so, naming the setting, before any
+    // workspace exists. A directory is refused when the workspace is created, naming it.
+    let mapped_at = |path: PathBuf| {
+        WorkspaceConfig::builder()
             .initial_size(4096)
-            .policy_location(LocationPolicy::Mmap {
-                path: Some(path.clone()),
-            })
-            .build();
-        match built {
-            Err(Error::Config(e)) => {
-                let msg = e.to_string();
-                assert!(
-                    msg.starts_with(
-                        "WorkspaceConfig::policy_location: policy_location Mmap with path"
-                    ) && msg.contains(&format!("{path:?}")),
-                    "{msg}"
-                );
-            }
-            other => panic!("{path:?}: {other:?}"),
-        }
+            .policy_location(LocationPolicy::Mmap { path: Some(path) })
+            .build()
+    };
+    match mapped_at(PathBuf::new()) {
+        Err(Error::Config(e)) => assert_eq!(
+            e.to_string(),
+            "WorkspaceConfig::policy_location: policy_location Mmap with an empty path: it \
+             names no file (path None maps a temporary file)"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let dir = std::env::temp_dir();
+    let cfg = mapped_at(dir.clone()).unwrap();
+    match workspaces().get_and_activate(&cfg, "MAPPED_DIR") {
+        Err(Error::WorkspaceFile {
+            workspace, path, ..
+        }) => assert_eq!(
+            (workspace.as_str(), path),
+            ("MAPPED_DIR", dir.display().to_string())
+        ),
+        other => panic!("{:?}", other.map(|_| ())),
     }
 }
