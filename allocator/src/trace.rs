@@ -10,9 +10,13 @@
 //!
 //! Invariant: recording allocates nothing and takes no lock. An event claims the next
 //! sequence number with one `fetch_add` and writes its slot (`sequence % capacity`) under
-//! a per-slot sequence word (odd while written, `2 x sequence + 2` once written), so the
-//! ring never holds more than its capacity and a reader takes only slots whose word says
-//! they hold the event it expects, fully written. Names are interned once ([`intern`],
+//! a per-slot sequence word (odd while written, `2 x sequence + 2` once written), which it
+//! claims with a compare-exchange from an older, fully written event only, so the ring
+//! never holds more than its capacity, an older event never overwrites a newer one, two
+//! writers never write one slot at once, and a reader takes only slots whose word says
+//! they hold the event it expects, fully written. (An event whose slot is still being
+//! written with an older one, by a writer preempted for a whole lap of the ring, gives way
+//! and is counted as dropped.) Names are interned once ([`intern`],
 //! which does allocate, when a workspace or pool is made), and events carry the index.
 //! Rings are never freed (a reader or a late writer may still hold one): a [`start`] with
 //! a new capacity allocates a new ring, one with the same capacity clears and reuses it.
@@ -194,6 +198,9 @@ struct Ring {
     /// `slots.len() - 1`: a sequence number's slot is `seq & mask`.
     mask: u64,
     head: AtomicU64,
+    /// Events given up because their slot was still being written with an older event (a
+    /// writer preempted for a whole lap of the ring): counted in [`dropped`].
+    lost: AtomicU64,
     /// The clock's tick and the instant when the ring was (re)started.
     base_tick: AtomicU64,
     base: Mutex<Instant>,
@@ -209,6 +216,7 @@ impl Ring {
             slots,
             mask: capacity as u64 - 1,
             head: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
             base_tick: AtomicU64::new(ticks()),
             base: Mutex::new(Instant::now()),
         })
@@ -223,6 +231,7 @@ impl Ring {
             slot.seq.store(0, Ordering::Relaxed);
         }
         self.head.store(0, Ordering::Relaxed);
+        self.lost.store(0, Ordering::Relaxed);
         *self.base.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
         self.base_tick.store(ticks(), Ordering::Release);
     }
@@ -232,7 +241,30 @@ impl Ring {
         let time = ticks();
         let seq = self.head.fetch_add(1, Ordering::Relaxed);
         let slot = &self.slots[(seq & self.mask) as usize];
-        slot.seq.store(2 * seq + 1, Ordering::Relaxed);
+        // Claim the slot from an older, fully written event only: a writer that lost the
+        // processor for a whole lap of the ring must neither overwrite the newer event
+        // there nor write its fields beside another writer's.
+        let claim = 2 * seq + 1;
+        let mut word = slot.seq.load(Ordering::Relaxed);
+        loop {
+            if word >= claim {
+                // A newer event holds it: this one is older than the ring's window, which
+                // `dropped` counts already.
+                return;
+            }
+            if word & 1 == 1 {
+                // An older event is still being written there: this one gives way.
+                self.lost.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            match slot
+                .seq
+                .compare_exchange_weak(word, claim, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => word = now,
+            }
+        }
         fence(Ordering::Release);
         slot.time.store(time, Ordering::Relaxed);
         slot.bytes.store(bytes, Ordering::Relaxed);
@@ -594,6 +626,7 @@ pub fn dropped() -> u64 {
             r.head
                 .load(Ordering::Acquire)
                 .saturating_sub(r.capacity() as u64)
+                + r.lost.load(Ordering::Relaxed)
         })
 }
 
@@ -829,6 +862,30 @@ pub fn refused_device(ordinal: u32, held: usize, error: &AllocError) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_late_writer_neither_overwrites_a_newer_event_nor_shares_a_slot() {
+        // One slot: every sequence number lands in it.
+        let ring = Ring::new(1).unwrap();
+        ring.head.store(5, Ordering::Relaxed);
+        ring.push(55, 5, 5);
+        assert_eq!(ring.read(5).map(|(_, b, v, m)| (b, v, m)), Some((5, 5, 55)));
+        // A writer that claimed sequence 2 long ago and writes only now: event 5 stays.
+        ring.head.store(2, Ordering::Relaxed);
+        ring.push(22, 2, 2);
+        assert_eq!(ring.read(5).map(|(_, b, v, m)| (b, v, m)), Some((5, 5, 55)));
+        assert_eq!(ring.read(2), None);
+        // Sequence 7 is being written (its word odd); event 8 gives way, counted as lost.
+        ring.slots[0].seq.store(2 * 7 + 1, Ordering::Relaxed);
+        ring.head.store(8, Ordering::Relaxed);
+        ring.push(88, 8, 8);
+        assert_eq!(ring.slots[0].seq.load(Ordering::Relaxed), 2 * 7 + 1);
+        assert_eq!(ring.lost.load(Ordering::Relaxed), 1);
+        // Once 7 is written, the next event claims the slot as usual.
+        ring.slots[0].seq.store(2 * 7 + 2, Ordering::Relaxed);
+        ring.push(99, 9, 9);
+        assert_eq!(ring.read(9).map(|(_, b, v, m)| (b, v, m)), Some((9, 9, 99)));
+    }
 
     #[test]
     fn an_event_word_keeps_kind_space_name_and_24_bits_of_thread() {
