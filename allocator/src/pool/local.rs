@@ -94,20 +94,23 @@ use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 /// Unpublished drift of a thread's live bytes after which it publishes them for the peak.
 const PEAK_BATCH: isize = 4 << 20;
 
-/// Below this published level a free publishes only a whole batch below it.
+/// At or below this published level a free publishes once the level is this much below it.
 const PEAK_SMALL: isize = 256 << 10;
 
-/// The level below which a free publishes, once `published` was: a batch below it, or
-/// half of it when that is higher and it is above [`PEAK_SMALL`]. A thread that gives back
-/// most of what it published and then idles publishes the fall, so the published sum
+/// The level below which a free publishes, once `published` was: above [`PEAK_SMALL`], a
+/// batch below it, or half of it when that is higher; at or below (a thread near nothing,
+/// or below it, freeing what others allocated), `PEAK_SMALL` below it. A thread that gives
+/// back most of what it published and then idles publishes the fall, so the published sum
 /// overstates an idle thread's live bytes by no more than the larger of what it still
-/// holds and `PEAK_SMALL` (nor by more than a batch); a loop that allocates and frees the
-/// same bytes each step publishes a handful of times a step at most, nothing below 256 KiB.
+/// holds and `PEAK_SMALL`, whatever it freed of other threads' blocks (a peak reset then
+/// starts from a sum that far from the truth at most); a loop that allocates and frees the
+/// same bytes each step publishes a handful of times a step at most, nothing below 256
+/// KiB (its level never falls below where it started).
 fn fall_below(published: isize) -> isize {
     if published > PEAK_SMALL {
         (published - PEAK_BATCH).max(published / 2)
     } else {
-        published - PEAK_BATCH
+        published - PEAK_SMALL
     }
 }
 
@@ -262,7 +265,7 @@ impl Slot {
                 published: 0,
                 high: 0,
                 epoch,
-                fall: -PEAK_BATCH,
+                fall: fall_below(0),
                 rise: isize::MIN,
             }),
         }
