@@ -411,8 +411,10 @@ fn scopes() -> Vec<ScopeSnapshot> {
 
 /// [`scopes`] with each scope's memory source.
 pub(crate) fn scopes_with_source() -> Vec<(ScopeSnapshot, MemorySource)> {
-    let figures = Owner::root().walk();
+    // The walk is taken under the lock, so that figures read before a reset are never
+    // folded into the peaks after it (a peak is never raised after the fact).
     let mut peaks = SCOPE_PEAKS.lock().unwrap_or_else(PoisonError::into_inner);
+    let figures = Owner::root().walk();
     let peaks = peaks.get_or_insert_with(HashMap::new);
     // Closed scopes leave the tree; their peaks go with them.
     peaks.retain(|id, _| figures.iter().any(|f| f.id == *id));
@@ -470,8 +472,9 @@ pub fn reset_peak_of(sources: &[MemorySource]) {
 
 /// Restarts the observed peak of every scope whose source passes `which`.
 fn reset_scope_peaks(which: impl Fn(MemorySource) -> bool) {
-    let figures = Owner::root().walk();
+    // Under the lock, as in `scopes_with_source`.
     let mut peaks = SCOPE_PEAKS.lock().unwrap_or_else(PoisonError::into_inner);
+    let figures = Owner::root().walk();
     let peaks = peaks.get_or_insert_with(HashMap::new);
     for f in figures.into_iter().filter(|f| which(f.source)) {
         peaks.insert(f.id, f.bytes);

@@ -1038,3 +1038,58 @@ fn only_a_refusal_at_a_limit_carries_a_report_and_a_report_is_attached_once() {
     };
     assert_eq!(Error::from(inner), err);
 }
+
+#[test]
+fn a_scope_peak_reset_is_not_undone_by_a_snapshot_that_read_before_it() {
+    // Semantics §7: reset_peak restarts the scopes' observed peaks, and a peak is never
+    // raised after the fact. Snapshots run on two threads while the main thread fills a
+    // scope, empties it and resets: a snapshot that walked the tree before the reset must
+    // not fold its figure in after it. (It did in about 2% of rounds.)
+    let source = own_source(64 << 20);
+    // A wide tree, so that a walk takes a while.
+    let others: Vec<Scope> = (0..200)
+        .map(|i| Scope::new_base_in(&format!("other{i}"), source))
+        .collect();
+    let scope = Scope::new_base_in("S", source);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let count = AtomicUsize::new(0);
+    let bad = std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = stats::snapshot_of(&[source]);
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+        let mut bad = Vec::new();
+        for round in 0..400 {
+            let t = scope.zeros(DType::F32, &[1024]).unwrap();
+            std::thread::yield_now();
+            scope.detach(&t).unwrap();
+            drop(t);
+            stats::reset_peak_of(&[source]);
+            let seen = count.load(Ordering::SeqCst);
+            while count.load(Ordering::SeqCst) < seen + 3 {
+                std::thread::yield_now();
+            }
+            let snap = stats::snapshot_of(&[source]);
+            let peak = snap
+                .scopes
+                .iter()
+                .find(|s| s.name == "S")
+                .unwrap()
+                .peak_bytes;
+            if peak != 0 {
+                bad.push((round, peak));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        bad
+    });
+    drop(others);
+    assert!(
+        bad.is_empty(),
+        "rounds with a peak from before the reset: {bad:?}"
+    );
+}
