@@ -291,7 +291,7 @@ impl Ring {
 
     /// Nanoseconds per tick, measured from the ring's start to now.
     fn ns_per_tick(&self) -> f64 {
-        if !cfg!(target_arch = "x86_64") {
+        if !cfg!(all(target_arch = "x86_64", not(miri))) {
             return 1.0;
         }
         let elapsed = self
@@ -310,10 +310,11 @@ impl Ring {
 }
 
 /// A cheap monotonic clock: the time-stamp counter on x86-64 (converted to nanoseconds
-/// when the ring is read), nanoseconds since the first call elsewhere.
+/// when the ring is read), nanoseconds since the first call elsewhere (and under Miri,
+/// which cannot run `rdtsc`).
 #[inline]
 fn ticks() -> u64 {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         // SAFETY: `rdtsc` exists on every x86-64 processor and only reads the time-stamp
         // counter; it touches no memory.
@@ -322,7 +323,7 @@ fn ticks() -> u64 {
             core::arch::x86_64::_rdtsc()
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
         static EPOCH: OnceLock<Instant> = OnceLock::new();
         EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
