@@ -15,7 +15,7 @@
 //! source; no op mutates an input. Argument names follow ND4J's messages: `X`, `Y`.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayViewD, Axis, Ix2, ShapeBuilder, Zip};
+use ndarray::{ArrayView1, ArrayViewD, ArrayViewMut1, Axis, Ix2, ShapeBuilder, Zip};
 
 use super::dtype::sealed::Sealed;
 use super::storage::Placement;
@@ -542,10 +542,7 @@ impl Tensor {
             Zip::from(out.lanes_mut(Axis(axis)))
                 .and(x.lanes(Axis(axis)))
                 .for_each(|mut o, lane| {
-                    let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
-                    Zip::from(&mut o)
-                        .and(&lane)
-                        .for_each(|o, &v| *o = (v - max).exp());
+                    exp_less_max_lane(&mut o, &lane);
                     let total = o.sum();
                     o.mapv_inplace(|v| v / total);
                 });
@@ -587,10 +584,7 @@ impl Tensor {
             Zip::from(out.lanes_mut(Axis(axis)))
                 .and(x.lanes(Axis(axis)))
                 .for_each(|mut o, lane| {
-                    let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
-                    Zip::from(&mut o)
-                        .and(&lane)
-                        .for_each(|o, &v| *o = (v - max).exp());
+                    let max = exp_less_max_lane(&mut o, &lane);
                     let shift = max + o.sum().ln();
                     Zip::from(&mut o)
                         .and(&lane)
@@ -836,6 +830,16 @@ fn exp_less_max<T: Float>(o: &mut [T], lane: &[T]) -> T {
     for (o, &v) in o.iter_mut().zip(lane) {
         *o = (v - max).exp();
     }
+    max
+}
+
+/// [`exp_less_max`] on ndarray lanes (the softmax kernels on strided operands): the same
+/// arithmetic in the same order.
+fn exp_less_max_lane<T: Float>(o: &mut ArrayViewMut1<'_, T>, lane: &ArrayView1<'_, T>) -> T {
+    let max = lane.fold(T::neg_infinity(), |m, v| m.max(*v));
+    Zip::from(o)
+        .and(lane)
+        .for_each(|o, &v| *o = (v - max).exp());
     max
 }
 
