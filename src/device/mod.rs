@@ -455,8 +455,9 @@ impl Device {
         self.inner.allocate(bytes, usage)
     }
 
-    /// Gives the pool's cached buffers back to the driver (after flushing deferred frees);
-    /// returns the bytes released.
+    /// Gives the pool's cached buffers back to the driver (after flushing deferred frees,
+    /// except those a thread still pinned holds back, as [`crate::reclaim::collect`]
+    /// says); returns the bytes released.
     pub fn trim(&self) -> usize {
         crate::reclaim::collect();
         self.inner.trim()
