@@ -639,7 +639,9 @@ impl Tensor {
         let (m, k, n) = (self.shape[0], self.shape[1], other.shape[1]);
         self.storage.check("matmul", "X")?;
         other.storage.check("matmul", "Y")?;
-        let out = self.output_for::<T, T>("matmul", &[m, n])?;
+        // Both operands checked above (X first): the output beside X, without checking
+        // it again.
+        let out = Tensor::output::<T>("matmul", &[m, n], Placement::Auto(Some(&*self.storage)))?;
         let pin = reclaim::pin();
         if T::DTYPE.is_float() && m.saturating_mul(k).saturating_mul(n) > SMALL_MATMUL {
             let a = two_d(self.array::<T>("matmul", "X", &pin)?);
