@@ -5,12 +5,12 @@
 
 #[cfg(not(ndmem_loom))]
 pub(crate) use std::sync::atomic::{
-    AtomicBool, AtomicIsize, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
+    fence, AtomicBool, AtomicIsize, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
 };
 
 #[cfg(ndmem_loom)]
 pub(crate) use loom::sync::atomic::{
-    AtomicBool, AtomicIsize, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
+    fence, AtomicBool, AtomicIsize, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
 };
 
 pub(crate) use std::sync::atomic::Ordering;

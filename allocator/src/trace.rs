@@ -11,7 +11,8 @@
 //! Invariant: recording allocates nothing and takes no lock. An event claims the next
 //! sequence number with one `fetch_add` and writes its slot (`sequence % capacity`) under
 //! a per-slot sequence word (odd while written, `2 x sequence + 2` once written), which it
-//! claims with a compare-exchange from an older, fully written event only, so the ring
+//! claims with a compare-exchange from an older, fully written event only (the ring is
+//! `trace::ring`, modelled under loom by `loom-tests/tests/trace_ring.rs`), so the ring
 //! never holds more than its capacity, an older event never overwrites a newer one, two
 //! writers never write one slot at once, and a reader takes only slots whose word says
 //! they hold the event it expects, fully written. (An event whose slot is still being
@@ -26,11 +27,18 @@
 use std::cell::Cell;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Instant;
 
 use crate::error::{AllocError, ConfigError};
+
+#[cfg(ndmem_loom)]
+#[doc(hidden)]
+pub mod ring;
+#[cfg(not(ndmem_loom))]
+#[allow(unreachable_pub)]
+mod ring;
 
 /// The variable that switches the recorder on at start-up and names the file written at
 /// exit: `NDMEM_TRACE=trace.json`.
@@ -181,112 +189,37 @@ thread_local! {
     static LOCAL: Cell<(u64, Option<&'static Ring>, u32)> = const { Cell::new((u64::MAX, None, 0)) };
 }
 
-/// One slot: `seq` is odd while written and `2 x sequence + 2` once written.
-#[derive(Default)]
-struct Slot {
-    seq: AtomicU64,
-    time: AtomicU64,
-    bytes: AtomicU64,
-    value: AtomicU64,
-    /// kind (8 bits) | space (8) | thread (16) | name (32).
-    meta: AtomicU64,
-}
-
+/// A ring of events with the clock's reading when it was (re)started.
 struct Ring {
-    /// A power of two of slots.
-    slots: Vec<Slot>,
-    /// `slots.len() - 1`: a sequence number's slot is `seq & mask`.
-    mask: u64,
-    head: AtomicU64,
-    /// Events given up because their slot was still being written with an older event (a
-    /// writer preempted for a whole lap of the ring): counted in [`dropped`].
-    lost: AtomicU64,
+    events: ring::Ring,
     /// The clock's tick and the instant when the ring was (re)started.
     base_tick: AtomicU64,
     base: Mutex<Instant>,
 }
 
 impl Ring {
-    /// A ring of `capacity` (a power of two) slots; `None` if the heap refuses them.
+    /// A ring of `capacity` (a power of two) events; `None` if the heap refuses them.
     fn new(capacity: usize) -> Option<Ring> {
-        let mut slots = Vec::new();
-        slots.try_reserve_exact(capacity).ok()?;
-        slots.extend((0..capacity).map(|_| Slot::default()));
         Some(Ring {
-            slots,
-            mask: capacity as u64 - 1,
-            head: AtomicU64::new(0),
-            lost: AtomicU64::new(0),
+            events: ring::Ring::new(capacity)?,
             base_tick: AtomicU64::new(ticks()),
             base: Mutex::new(Instant::now()),
         })
     }
 
     fn capacity(&self) -> usize {
-        self.slots.len()
+        self.events.capacity()
     }
 
     fn restart(&self) {
-        for slot in self.slots.iter() {
-            slot.seq.store(0, Ordering::Relaxed);
-        }
-        self.head.store(0, Ordering::Relaxed);
-        self.lost.store(0, Ordering::Relaxed);
+        self.events.clear();
         *self.base.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
         self.base_tick.store(ticks(), Ordering::Release);
     }
 
     #[inline]
     fn push(&self, meta: u64, bytes: u64, value: u64) {
-        let time = ticks();
-        let seq = self.head.fetch_add(1, Ordering::Relaxed);
-        let slot = &self.slots[(seq & self.mask) as usize];
-        // Claim the slot from an older, fully written event only: a writer that lost the
-        // processor for a whole lap of the ring must neither overwrite the newer event
-        // there nor write its fields beside another writer's.
-        let claim = 2 * seq + 1;
-        let mut word = slot.seq.load(Ordering::Relaxed);
-        loop {
-            if word >= claim {
-                // A newer event holds it: this one is older than the ring's window, which
-                // `dropped` counts already.
-                return;
-            }
-            if word & 1 == 1 {
-                // An older event is still being written there: this one gives way.
-                self.lost.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            match slot
-                .seq
-                .compare_exchange_weak(word, claim, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => break,
-                Err(now) => word = now,
-            }
-        }
-        fence(Ordering::Release);
-        slot.time.store(time, Ordering::Relaxed);
-        slot.bytes.store(bytes, Ordering::Relaxed);
-        slot.value.store(value, Ordering::Relaxed);
-        slot.meta.store(meta, Ordering::Relaxed);
-        slot.seq.store(2 * seq + 2, Ordering::Release);
-    }
-
-    /// The slot of `seq`, if it still holds that event, fully written.
-    fn read(&self, seq: u64) -> Option<(u64, u64, u64, u64)> {
-        let slot = &self.slots[(seq & self.mask) as usize];
-        if slot.seq.load(Ordering::Acquire) != 2 * seq + 2 {
-            return None;
-        }
-        let fields = (
-            slot.time.load(Ordering::Relaxed),
-            slot.bytes.load(Ordering::Relaxed),
-            slot.value.load(Ordering::Relaxed),
-            slot.meta.load(Ordering::Relaxed),
-        );
-        fence(Ordering::Acquire);
-        (slot.seq.load(Ordering::Relaxed) == 2 * seq + 2).then_some(fields)
+        self.events.push((ticks(), bytes, value, meta));
     }
 
     /// Nanoseconds per tick, measured from the ring's start to now.
@@ -372,7 +305,7 @@ pub fn start(capacity: usize) -> Result<(), RingRefused> {
                 None => {
                     let refused = RingRefused {
                         capacity,
-                        bytes: capacity.saturating_mul(std::mem::size_of::<Slot>()),
+                        bytes: capacity.saturating_mul(ring::SLOT_BYTES),
                     };
                     made.try_reserve(1).map_err(|_| refused.clone())?;
                     let new = Ring::new(capacity).ok_or(refused)?;
@@ -595,13 +528,13 @@ pub fn events() -> Vec<Event> {
     let Some(ring) = *RING.lock().unwrap_or_else(PoisonError::into_inner) else {
         return Vec::new();
     };
-    let head = ring.head.load(Ordering::Acquire);
+    let head = ring.events.head();
     let from = head.saturating_sub(ring.capacity() as u64);
     let base = ring.base_tick.load(Ordering::Acquire);
     let scale = ring.ns_per_tick();
     let mut out = Vec::with_capacity((head - from) as usize);
     for seq in from..head {
-        let Some((time, bytes, value, meta)) = ring.read(seq) else {
+        let Some((time, bytes, value, meta)) = ring.events.read(seq) else {
             continue;
         };
         let (kind, space, thread, name) = unpack(meta);
@@ -624,10 +557,7 @@ pub fn dropped() -> u64 {
     RING.lock()
         .unwrap_or_else(PoisonError::into_inner)
         .map_or(0, |r| {
-            r.head
-                .load(Ordering::Acquire)
-                .saturating_sub(r.capacity() as u64)
-                + r.lost.load(Ordering::Relaxed)
+            r.events.head().saturating_sub(r.capacity() as u64) + r.events.lost()
         })
 }
 
@@ -863,30 +793,6 @@ pub fn refused_device(ordinal: u32, held: usize, error: &AllocError) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_late_writer_neither_overwrites_a_newer_event_nor_shares_a_slot() {
-        // One slot: every sequence number lands in it.
-        let ring = Ring::new(1).unwrap();
-        ring.head.store(5, Ordering::Relaxed);
-        ring.push(55, 5, 5);
-        assert_eq!(ring.read(5).map(|(_, b, v, m)| (b, v, m)), Some((5, 5, 55)));
-        // A writer that claimed sequence 2 long ago and writes only now: event 5 stays.
-        ring.head.store(2, Ordering::Relaxed);
-        ring.push(22, 2, 2);
-        assert_eq!(ring.read(5).map(|(_, b, v, m)| (b, v, m)), Some((5, 5, 55)));
-        assert_eq!(ring.read(2), None);
-        // Sequence 7 is being written (its word odd); event 8 gives way, counted as lost.
-        ring.slots[0].seq.store(2 * 7 + 1, Ordering::Relaxed);
-        ring.head.store(8, Ordering::Relaxed);
-        ring.push(88, 8, 8);
-        assert_eq!(ring.slots[0].seq.load(Ordering::Relaxed), 2 * 7 + 1);
-        assert_eq!(ring.lost.load(Ordering::Relaxed), 1);
-        // Once 7 is written, the next event claims the slot as usual.
-        ring.slots[0].seq.store(2 * 7 + 2, Ordering::Relaxed);
-        ring.push(99, 9, 9);
-        assert_eq!(ring.read(9).map(|(_, b, v, m)| (b, v, m)), Some((9, 9, 99)));
-    }
 
     #[test]
     fn an_event_word_keeps_kind_space_name_and_24_bits_of_thread() {
