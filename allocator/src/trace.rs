@@ -20,7 +20,9 @@
 //! and is counted as dropped.) Names are interned once ([`intern`],
 //! which does allocate, when a workspace or pool is made), and events carry the index.
 //! Rings are never freed (a reader or a late writer may still hold one): a [`start`] with
-//! a new capacity allocates a new ring, one with the same capacity clears and reuses it.
+//! a new capacity allocates a new ring, one with the same capacity restarts and reuses it
+//! (its sequence numbers go on, so a writer still finishing an event of the last
+//! recording can neither block nor pass for an event of the new one).
 
 #![allow(unsafe_code)]
 
@@ -212,7 +214,7 @@ impl Ring {
     }
 
     fn restart(&self) {
-        self.events.clear();
+        self.events.restart();
         *self.base.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
         self.base_tick.store(ticks(), Ordering::Release);
     }
@@ -528,18 +530,18 @@ pub fn events() -> Vec<Event> {
     let Some(ring) = *RING.lock().unwrap_or_else(PoisonError::into_inner) else {
         return Vec::new();
     };
-    let head = ring.events.head();
-    let from = head.saturating_sub(ring.capacity() as u64);
+    let window = ring.events.window();
+    let first = ring.events.start();
     let base = ring.base_tick.load(Ordering::Acquire);
     let scale = ring.ns_per_tick();
-    let mut out = Vec::with_capacity((head - from) as usize);
-    for seq in from..head {
+    let mut out = Vec::with_capacity((window.end - window.start) as usize);
+    for seq in window {
         let Some((time, bytes, value, meta)) = ring.events.read(seq) else {
             continue;
         };
         let (kind, space, thread, name) = unpack(meta);
         out.push(Event {
-            seq,
+            seq: seq - first,
             time_ns: (time.saturating_sub(base) as f64 * scale) as u64,
             kind,
             space,
@@ -556,9 +558,7 @@ pub fn events() -> Vec<Event> {
 pub fn dropped() -> u64 {
     RING.lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .map_or(0, |r| {
-            r.events.head().saturating_sub(r.capacity() as u64) + r.events.lost()
-        })
+        .map_or(0, |r| r.events.dropped())
 }
 
 /// The ring's capacity (0 before the first [`start`]).

@@ -12,7 +12,10 @@
 //! still being written with an older event gives way and counts itself in `lost`), and a
 //! reader takes an event only if the slot's word said that event, fully written, both
 //! before and after it copied the fields (a sequence lock: the fields written after a
-//! release fence, read before an acquire fence). The loom model `trace_ring` checks it.
+//! release fence, read before an acquire fence). Sequence numbers never go back: a new
+//! recording starts the window at the next one ([`Ring::restart`]), so every word left in
+//! the ring is older than the new recording's events. The loom model `trace_ring` checks
+//! it.
 //!
 //! Built with `--cfg ndmem_loom`, the atomics are loom's and the type is public, for the
 //! model; otherwise it is private to the recorder.
@@ -56,6 +59,8 @@ pub struct Ring {
     /// `slots.len() - 1`: a sequence number's slot is `seq & mask`.
     mask: u64,
     head: AtomicU64,
+    /// The first sequence number of the current recording ([`Ring::restart`]).
+    start: AtomicU64,
     /// Events given up because their slot was still being written with an older event.
     lost: AtomicU64,
 }
@@ -72,6 +77,7 @@ impl Ring {
             slots,
             mask: capacity as u64 - 1,
             head: AtomicU64::new(0),
+            start: AtomicU64::new(0),
             lost: AtomicU64::new(0),
         })
     }
@@ -81,17 +87,37 @@ impl Ring {
         self.slots.len()
     }
 
-    /// Empties the ring: sequence numbers start again from 0. Not for a ring writers
-    /// may be filling (the recorder switches off first).
-    pub fn clear(&self) {
-        for slot in self.slots.iter() {
-            slot.seq.store(0, Ordering::Relaxed);
-        }
-        self.head.store(0, Ordering::Relaxed);
+    /// Starts a new recording: the events before it leave the window. Sequence numbers
+    /// go on from where they were, so that a writer that took its number before (and
+    /// writes only now) can neither pass for an event of the new recording nor block one:
+    /// every word in the ring stays older than the new recording's.
+    pub fn restart(&self) {
+        self.start
+            .store(self.head.load(Ordering::Acquire), Ordering::Release);
         self.lost.store(0, Ordering::Relaxed);
     }
 
-    /// The next sequence number: events `head - capacity .. head` may be in the ring.
+    /// The sequence numbers the ring may hold of the current recording: from its start
+    /// or `capacity` before the next one, whichever is later, to the next one.
+    pub fn window(&self) -> std::ops::Range<u64> {
+        let start = self.start.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Acquire).max(start);
+        start.max(head.saturating_sub(self.capacity() as u64))..head
+    }
+
+    /// The first sequence number of the current recording.
+    pub fn start(&self) -> u64 {
+        self.start.load(Ordering::Acquire)
+    }
+
+    /// Events of the current recording the ring does not hold: older than its window, or
+    /// given up ([`Ring::lost`]).
+    pub fn dropped(&self) -> u64 {
+        let window = self.window();
+        window.start - self.start() + self.lost()
+    }
+
+    /// The next sequence number.
     pub fn head(&self) -> u64 {
         self.head.load(Ordering::Acquire)
     }
@@ -232,10 +258,28 @@ mod tests {
             assert_eq!(ring.push(event(n)), (n, true));
         }
         assert_eq!(ring.head(), 10);
+        assert_eq!(ring.window(), 6..10);
+        assert_eq!(ring.dropped(), 6);
         let held: Vec<u64> = (0..10).filter(|&n| ring.read(n).is_some()).collect();
         assert_eq!(held, [6, 7, 8, 9]);
-        ring.clear();
-        assert_eq!((ring.head(), ring.lost()), (0, 0));
-        assert!((0..10).all(|n| ring.read(n).is_none()));
+        ring.restart();
+        assert_eq!((ring.window(), ring.dropped()), (10..10, 0));
+        assert_eq!(ring.push(event(10)), (10, true));
+        assert_eq!((ring.window(), ring.dropped()), (10..11, 0));
+    }
+
+    #[test]
+    fn a_writer_that_finishes_after_a_restart_neither_blocks_nor_joins_the_new_recording() {
+        let ring = Ring::new(1).unwrap();
+        ring.set_head(1000);
+        ring.restart();
+        // Sequence 999 was taken before the restart and is written only now.
+        assert!(ring.write_as(999, event(999)));
+        assert_eq!(ring.window(), 1000..1000);
+        // The new recording's first event takes the slot all the same.
+        assert_eq!(ring.push(event(1)), (1000, true));
+        assert_eq!(ring.window(), 1000..1001);
+        assert_eq!(ring.read(1000), Some(event(1)));
+        assert_eq!(ring.dropped(), 0);
     }
 }
