@@ -118,6 +118,7 @@ impl Ring {
     }
 
     /// The next sequence number.
+    #[cfg(any(test, ndmem_loom))]
     pub fn head(&self) -> u64 {
         self.head.load(Ordering::Acquire)
     }
