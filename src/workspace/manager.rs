@@ -3,8 +3,9 @@
 //! (semantics §2.2, §2.5).
 //!
 //! Invariant: the stack of entered workspaces holds exactly one entry per live guard
-//! (a workspace, or "none" for a [`ScopeOut`] guard), and the current workspace is its
-//! top. Guards are `!Send`, so entries are pushed and removed on the thread that owns
+//! (a workspace, or "none" for a [`ScopeOut`] guard), each with a token its guard alone
+//! holds, so a guard dropped out of order removes its own entry and no other; the current
+//! workspace is the top entry's. Guards are `!Send`, so entries are pushed and removed on the thread that owns
 //! them; when the thread exits, the manager's destructor destroys every workspace it
 //! still knows, which frees their memory.
 //!
@@ -15,7 +16,7 @@
 //! bump path never touches it.
 
 use std::alloc::Layout;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -35,8 +36,18 @@ use crate::memory::MemorySource;
 struct Manager {
     /// Every workspace of the thread, in creation order.
     workspaces: RefCell<Vec<Rc<Arena>>>,
-    /// One entry per live guard; `None` for a scope-out guard.
-    stack: RefCell<Vec<Option<Rc<Arena>>>>,
+    /// One entry per live guard, in the order they were made.
+    stack: RefCell<Vec<Entry>>,
+    /// The token of the next entry: each guard removes its own entry, whatever order the
+    /// guards drop in.
+    next: Cell<u64>,
+}
+
+/// A live guard's stack entry: its workspace (`None` for a scope-out guard) and the
+/// token the guard carries to remove it.
+struct Entry {
+    token: u64,
+    arena: Option<Rc<Arena>>,
 }
 
 impl Manager {
@@ -44,7 +55,22 @@ impl Manager {
         Manager {
             workspaces: RefCell::new(Vec::new()),
             stack: RefCell::new(Vec::new()),
+            next: Cell::new(0),
         }
+    }
+
+    /// Pushes an entry for a new guard (`None`: a scope-out guard); returns its token.
+    fn push(&self, arena: Option<Rc<Arena>>) -> u64 {
+        let token = self.next.get();
+        self.next.set(token.wrapping_add(1));
+        self.stack.borrow_mut().push(Entry { token, arena });
+        token
+    }
+
+    /// The current workspace: the top entry's (`None` with no entry or a scope-out on
+    /// top).
+    fn current(&self) -> Option<Rc<Arena>> {
+        self.stack.borrow().last().and_then(|e| e.arena.clone())
     }
 
     /// Adds `arena` to this thread's list and to the registry.
@@ -69,20 +95,16 @@ impl Manager {
             .cloned()
     }
 
-    /// Removes the topmost stack entry for `arena` (`None`: a scope-out entry).
-    fn pop(&self, arena: Option<&Rc<Arena>>) {
-        let is_it = |entry: &Option<Rc<Arena>>| match (entry, arena) {
-            (Some(a), Some(b)) => Rc::ptr_eq(a, b),
-            (None, None) => true,
-            _ => false,
-        };
+    /// Removes the entry of the guard that holds `token` (nothing if it is gone already:
+    /// the thread's manager was torn down).
+    fn pop(&self, token: u64) {
         let mut stack = self.stack.borrow_mut();
         // Guards usually drop innermost first: the top goes without a search or a move.
         let popped = match stack.last() {
-            Some(top) if is_it(top) => stack.pop(),
+            Some(top) if top.token == token => stack.pop(),
             _ => stack
                 .iter()
-                .rposition(is_it)
+                .rposition(|e| e.token == token)
                 .map(|position| stack.remove(position)),
         };
         drop(stack);
@@ -263,13 +285,12 @@ impl Workspaces {
                         arena
                     }
                 };
-                let mut stack = m.stack.borrow_mut();
-                arena.enter(stack.last().and_then(Option::as_ref))?;
-                stack.push(Some(Rc::clone(&arena)));
-                drop(stack);
+                arena.enter(m.current().as_ref())?;
+                let token = m.push(Some(Rc::clone(&arena)));
                 arena.publish_entered();
                 Ok(WorkspaceGuard {
                     arena,
+                    token,
                     _not_send: PhantomData,
                 })
             })
@@ -279,8 +300,9 @@ impl Workspaces {
     /// A guard during which no workspace is current, so allocations go to the pool
     /// (semantics §2.5). ND4J: `scopeOutOfWorkspaces()`.
     pub fn scope_out(&self) -> ScopeOut {
-        let _ = MANAGER.try_with(|m| m.stack.borrow_mut().push(None));
+        let token = MANAGER.try_with(|m| m.push(None)).unwrap_or(u64::MAX);
         ScopeOut {
+            token,
             _not_send: PhantomData,
         }
     }
@@ -288,14 +310,7 @@ impl Workspaces {
     /// The id of this thread's current workspace, if any. ND4J: `getCurrentWorkspace()`.
     pub fn current(&self) -> Option<String> {
         MANAGER
-            .try_with(|m| {
-                m.stack
-                    .borrow()
-                    .last()
-                    .cloned()
-                    .flatten()
-                    .map(|a| a.id().to_string())
-            })
+            .try_with(|m| m.current().map(|a| a.id().to_string()))
             .ok()
             .flatten()
     }
@@ -437,6 +452,8 @@ impl Workspaces {
 /// ND4J: the `MemoryWorkspace` returned by `notifyScopeEntered`, closed by `close()`.
 pub struct WorkspaceGuard {
     arena: Rc<Arena>,
+    /// Its entry in the thread's stack.
+    token: u64,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -490,7 +507,7 @@ impl fmt::Debug for WorkspaceGuard {
 
 impl Drop for WorkspaceGuard {
     fn drop(&mut self) {
-        let _ = MANAGER.try_with(|m| m.pop(Some(&self.arena)));
+        let _ = MANAGER.try_with(|m| m.pop(self.token));
         let before = trace::is_on().then(|| self.arena.figures());
         self.arena.leave();
         self.arena.publish();
@@ -505,12 +522,14 @@ impl Drop for WorkspaceGuard {
 #[derive(Debug)]
 #[must_use = "scope_out() has no effect once its guard is dropped"]
 pub struct ScopeOut {
+    /// Its entry in the thread's stack.
+    token: u64,
     _not_send: PhantomData<*const ()>,
 }
 
 impl Drop for ScopeOut {
     fn drop(&mut self) {
-        let _ = MANAGER.try_with(|m| m.pop(None));
+        let _ = MANAGER.try_with(|m| m.pop(self.token));
     }
 }
 
@@ -520,10 +539,12 @@ pub fn allocate_in_current(layout: Layout) -> Option<Result<WorkspaceMemory, Err
     // The stack is not borrowed while allocating: a spill may run the pool's reclaimers,
     // which may drop tensors and so call back into this module.
     let current = MANAGER
-        .try_with(|m| match m.stack.borrow().last() {
-            Some(Some(arena)) if !arena.is_bypassed() => Some(Rc::clone(arena)),
-            _ => None,
-        })
+        .try_with(
+            |m| match m.stack.borrow().last().and_then(|e| e.arena.as_ref()) {
+                Some(arena) if !arena.is_bypassed() => Some(Rc::clone(arena)),
+                _ => None,
+            },
+        )
         .ok()
         .flatten()?;
     Some(current.alloc_memory(layout))
@@ -533,10 +554,12 @@ pub fn allocate_in_current(layout: Layout) -> Option<Result<WorkspaceMemory, Err
 /// cycle started); `None` if there is none (or no current workspace, or bypass mode).
 pub fn allocate_in_parent(layout: Layout) -> Option<Result<WorkspaceMemory, Error>> {
     let parent = MANAGER
-        .try_with(|m| match m.stack.borrow().last() {
-            Some(Some(arena)) if !arena.is_bypassed() => arena.parent(),
-            _ => None,
-        })
+        .try_with(
+            |m| match m.stack.borrow().last().and_then(|e| e.arena.as_ref()) {
+                Some(arena) if !arena.is_bypassed() => arena.parent(),
+                _ => None,
+            },
+        )
         .ok()
         .flatten()?;
     Some(parent.alloc_memory(layout))
@@ -545,10 +568,12 @@ pub fn allocate_in_parent(layout: Layout) -> Option<Result<WorkspaceMemory, Erro
 /// The id of the parent of the current workspace (see [`allocate_in_parent`]), if any.
 pub fn parent_of_current() -> Option<String> {
     MANAGER
-        .try_with(|m| match m.stack.borrow().last() {
-            Some(Some(arena)) if !arena.is_bypassed() => arena.parent(),
-            _ => None,
-        })
+        .try_with(
+            |m| match m.stack.borrow().last().and_then(|e| e.arena.as_ref()) {
+                Some(arena) if !arena.is_bypassed() => arena.parent(),
+                _ => None,
+            },
+        )
         .ok()
         .flatten()
         .map(|parent| parent.id().to_string())
@@ -558,12 +583,14 @@ pub fn parent_of_current() -> Option<String> {
 /// [`parent_of_current`] without copying the id.
 pub(crate) fn parent_of_current_is(id: &str) -> bool {
     MANAGER
-        .try_with(|m| match m.stack.borrow().last() {
-            Some(Some(arena)) if !arena.is_bypassed() => {
-                arena.parent().is_some_and(|parent| parent.id() == id)
-            }
-            _ => false,
-        })
+        .try_with(
+            |m| match m.stack.borrow().last().and_then(|e| e.arena.as_ref()) {
+                Some(arena) if !arena.is_bypassed() => {
+                    arena.parent().is_some_and(|parent| parent.id() == id)
+                }
+                _ => false,
+            },
+        )
         .unwrap_or(false)
 }
 

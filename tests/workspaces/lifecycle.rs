@@ -340,3 +340,47 @@ fn a_thread_exit_destroys_its_workspaces() {
         Err(Error::LeakedWorkspacePointer { .. })
     ));
 }
+
+#[test]
+fn a_guard_dropped_out_of_order_removes_its_own_entry_only() {
+    // Semantics §2.5: guards may be dropped in any order. Each removes the entry it made,
+    // not the topmost one of the same workspace (or the topmost scope-out).
+    let ws = workspaces();
+    let cfg = strict().initial_size(4096).build().unwrap();
+    {
+        // A scope-out dropped while an inner one lives: the inner one stays in force.
+        let outer = ws.scope_out();
+        let g = ws.get_and_activate(&cfg, "ORDER_SO").unwrap();
+        let inner = ws.scope_out();
+        drop(outer);
+        assert_eq!(ws.current(), None, "the inner scope-out is still alive");
+        let t = Tensor::ones(DType::F32, &[2]).unwrap();
+        assert_eq!(t.workspace(), None);
+        drop(inner);
+        assert_eq!(ws.current().as_deref(), Some("ORDER_SO"));
+        drop(g);
+        assert!(t.is_valid(), "a pool tensor outlives the cycle");
+        assert_eq!(ws.current(), None);
+    }
+    {
+        // A workspace entered twice around another: dropping the first guard leaves the
+        // second entry, made last, current.
+        let a = ws.get_and_activate(&cfg, "ORDER_A").unwrap();
+        let b = ws.get_and_activate(&cfg, "ORDER_B").unwrap();
+        let a2 = ws.get_and_activate(&cfg, "ORDER_A").unwrap();
+        drop(a);
+        assert_eq!(ws.current().as_deref(), Some("ORDER_A"));
+        assert!(
+            ws.workspace("ORDER_A").unwrap().open,
+            "a2 keeps the cycle open"
+        );
+        drop(a2);
+        assert_eq!(ws.current().as_deref(), Some("ORDER_B"));
+        assert!(!ws.workspace("ORDER_A").unwrap().open);
+        drop(b);
+        assert_eq!(ws.current(), None);
+    }
+    for id in ["ORDER_SO", "ORDER_A", "ORDER_B"] {
+        ws.destroy(id).unwrap();
+    }
+}
