@@ -103,6 +103,20 @@ impl Sizing {
         self.round(bytes)
     }
 
+    /// The bytes a ring may cover: [`Sizing::clamp`], and no more than `max_size` rounded
+    /// down to the alignment. A ring has no bump limit of its own (each cycle bumps in its
+    /// slot to the slot's end), so its slots, aligned, must fit under `max_size` (which
+    /// `build` keeps at or above the alignment); where `min_size` and `max_size` leave no
+    /// aligned size between them, `max_size` wins.
+    fn ring_bytes(&self, bytes: usize) -> usize {
+        let bytes = self.clamp(bytes);
+        if self.max > 0 {
+            bytes.min(self.max - self.max % self.align)
+        } else {
+            bytes
+        }
+    }
+
     /// The buffer a non-circular workspace gets from its initial size or its first
     /// learning: overallocated once, then clamped (semantics §2.3).
     pub(crate) fn learned(&self, bytes: usize) -> usize {
@@ -118,14 +132,14 @@ impl Sizing {
     /// The ring of a circular workspace created with `initial_size` bytes per slot.
     pub(crate) fn initial_ring(&self, initial_size: usize) -> Option<RingShape> {
         let slot_bytes = self.round(initial_size);
-        RingShape::new(slot_bytes, self.clamp(scaled(slot_bytes, self.factor)))
+        RingShape::new(slot_bytes, self.ring_bytes(scaled(slot_bytes, self.factor)))
     }
 
     /// The ring a circular workspace learns from its first cycles: slots of the largest
     /// cycle x 1.3, the buffer overallocated (semantics §2.4).
     pub(crate) fn learned_ring(&self, max_cycle: usize) -> Option<RingShape> {
         let slot_bytes = self.round(scaled(max_cycle, CIRCULAR_SLOT_MARGIN));
-        RingShape::new(slot_bytes, self.clamp(scaled(slot_bytes, self.factor)))
+        RingShape::new(slot_bytes, self.ring_bytes(scaled(slot_bytes, self.factor)))
     }
 
     /// The ring that replaces `current` after spills with `Reallocate` (semantics §2.4):
@@ -137,7 +151,7 @@ impl Sizing {
     /// new ring, and a ring that keeps its slots would spill every cycle forever.
     pub(crate) fn rebuilt_ring(&self, max_cycle: usize, current: RingShape) -> Option<RingShape> {
         let slot_bytes = self.round(max_cycle);
-        let bytes = self.clamp(slot_bytes.saturating_mul(current.slots));
+        let bytes = self.ring_bytes(slot_bytes.saturating_mul(current.slots));
         if slot_bytes > current.slot_bytes && bytes > current.bytes() {
             RingShape::new(slot_bytes, bytes)
         } else {
@@ -249,6 +263,33 @@ mod tests {
             1008,
             "not overallocated again"
         );
+    }
+
+    #[test]
+    fn a_ring_covers_no_more_than_max_size_rounded_down_to_the_alignment() {
+        let s = |align, max, limit| {
+            WorkspaceConfig::builder()
+                .alignment(align)
+                .max_size(max)
+                .overallocation_limit(limit)
+                .build()
+                .unwrap()
+                .sizing()
+        };
+        // 5000 bytes at alignment 4096: one 4096-byte slot, not an 8192-byte buffer.
+        let ring = s(4096, 5000, 0.3).initial_ring(5000).unwrap();
+        assert_eq!((ring.slot_bytes, ring.slots, ring.buffer), (4096, 1, 4096));
+        // Learned from a 3000-byte cycle under max_size 1000 at alignment 16: 992, not 1008.
+        let ring = s(16, 1000, 0.3).learned_ring(3000).unwrap();
+        assert_eq!(ring.bytes(), 992);
+        assert!(ring.buffer <= 1000);
+        // Rebuilt after spills: still under max_size.
+        let current = s(16, 1000, 0.3).learned_ring(100).unwrap();
+        let rebuilt = s(16, 1000, 0.3).rebuilt_ring(900, current).unwrap();
+        assert!(rebuilt.bytes() <= 1000, "{rebuilt:?}");
+        // A max_size on the alignment is used whole; no max_size, no cap.
+        assert_eq!(s(16, 1024, 0.0).learned_ring(3000).unwrap().bytes(), 1024);
+        assert_eq!(s(16, 0, 0.0).learned_ring(1000).unwrap().slot_bytes, 1312);
     }
 
     #[test]

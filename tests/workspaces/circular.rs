@@ -328,3 +328,50 @@ fn statistics_say_when_a_ring_has_not_learned_its_slots_yet() {
     let after = ws.workspace("RING_SHOWN").unwrap().to_string();
     assert!(after.contains("circular (3 slots)"), "{after}");
 }
+
+#[test]
+fn a_circular_cycle_bumps_no_further_than_max_size_off_the_alignment() {
+    // Semantics §2.1: a cycle bumps no further than max_size. A circular workspace has no
+    // bump limit of its own, so its ring must fit under max_size rounded down to the
+    // alignment (5000 at 4096: one 4096-byte slot, not 8192 bytes).
+    let ws = workspaces();
+    let cfg = strict()
+        .alignment(4096)
+        .initial_size(5000)
+        .max_size(5000)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .build()
+        .unwrap();
+    {
+        let g = ws.get_and_activate(&cfg, "CIRC_MAX").unwrap();
+        let page = layout(4096);
+        let _first = g.alloc_memory(page).unwrap();
+        let _second = g.alloc_memory(page).unwrap();
+        let s = g.stats();
+        assert!(s.used <= 5000, "bumped {} bytes", s.used);
+        assert_eq!(
+            (s.used, s.spilled_bytes),
+            (4096, 4096),
+            "the second page spilled"
+        );
+    }
+    // Learned: a 3000-byte first cycle under max_size 1000 gives a ring within 1000 bytes.
+    let cfg = strict()
+        .max_size(1000)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .build()
+        .unwrap();
+    {
+        let g = ws.get_and_activate(&cfg, "CIRC_MAX_LEARNED").unwrap();
+        let _big = g.alloc_memory(layout(3000)).unwrap();
+    }
+    {
+        let g = ws.get_and_activate(&cfg, "CIRC_MAX_LEARNED").unwrap();
+        let _fill = g.alloc_memory(layout(1000)).unwrap();
+        let s = g.stats();
+        assert!(s.used <= 1000, "bumped {} bytes", s.used);
+    }
+    for id in ["CIRC_MAX", "CIRC_MAX_LEARNED"] {
+        ws.destroy(id).unwrap();
+    }
+}
