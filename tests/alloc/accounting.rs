@@ -127,3 +127,65 @@ fn a_thread_that_freed_others_blocks_and_idles_leaves_the_peak_near_exact() {
         after.peak_bytes
     );
 }
+
+#[test]
+fn stats_read_while_another_thread_churns_stay_within_the_used_bytes() {
+    // Semantics §1: live + cached = used, and the live peak never exceeds
+    // peak_used_bytes. A reader sums a thread's frees before its allocations; every pair
+    // the thread completes in between used to count one more block live (one 4 KiB block
+    // read as up to 150 MB live, and as the peak).
+    let pool: &'static ndmem_alloc::Pool = Box::leak(Box::new(pool_with(64 * MIB)));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                drop(pool.allocate(4096, 16).unwrap()); // never more than one block live
+            }
+        })
+    };
+    let mut worst = (0, 0, 0, 0, 0);
+    for _ in 0..20_000 {
+        let s = pool.stats();
+        assert!(
+            s.live_bytes + s.cached_bytes <= s.used_bytes.max(s.peak_used_bytes),
+            "live {} + cached {} > used {}",
+            s.live_bytes,
+            s.cached_bytes,
+            s.used_bytes
+        );
+        if s.live_bytes > worst.0 {
+            worst = (
+                s.live_bytes,
+                s.used_bytes,
+                s.peak_bytes,
+                s.peak_used_bytes,
+                s.tensor_bytes
+                    .max(s.workspace_bytes)
+                    .max(s.mirror_bytes)
+                    .max(s.other_bytes),
+            );
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+    let (live, used, _, _, usage) = worst;
+    assert!(live <= used, "live_bytes {live} > used_bytes {used}");
+    assert!(
+        usage <= used,
+        "a usage's live bytes {usage} > used_bytes {used}"
+    );
+    let end = pool.stats();
+    assert!(
+        end.peak_bytes <= end.peak_used_bytes,
+        "peak_bytes {} > peak_used_bytes {}",
+        end.peak_bytes,
+        end.peak_used_bytes
+    );
+    assert!(
+        end.peak_bytes <= 4096,
+        "the peak is one block: {}",
+        end.peak_bytes
+    );
+    assert_eq!((end.live_bytes, end.used_bytes - end.cached_bytes), (0, 0));
+}

@@ -674,6 +674,7 @@ impl Slot {
             usage: std::array::from_fn(|i| allocated[i].wrapping_sub(freed[i]) as isize),
             cached: 0,
             thread_cached: self.cached_bytes(),
+            ..Figures::default()
         }
     }
 }

@@ -608,7 +608,10 @@ impl Pool {
     pub fn stats(&self) -> PoolStats {
         let core = &*self.core;
         let physical = core.max_physical.load(Ordering::Relaxed);
-        let stats = core.local.summed(&core.books, |f| core.books.stats(&f));
+        let stats = core.local.summed(&core.books, |mut f| {
+            f.bound(core.budget.used());
+            core.books.stats(&f)
+        });
         let peak_used = core.budget.peak();
         PoolStats {
             // Live bytes are part of the used bytes, whose peak the budget keeps exactly: a
@@ -626,8 +629,10 @@ impl Pool {
     /// Restarts both peaks from the current figures.
     pub fn reset_peak(&self) {
         let core = &*self.core;
-        core.local
-            .reset_peak(&core.books, |f| core.books.reset_peak(f.live()));
+        core.local.reset_peak(&core.books, |mut f| {
+            f.bound(core.budget.used());
+            core.books.reset_peak(f.live())
+        });
         core.budget.reset_peak();
     }
 }
@@ -807,7 +812,10 @@ impl Core {
             thread: thread_id(),
             used,
             limit,
-            holders: self.local.summed(&self.books, |f| f.holders()),
+            holders: self.local.summed(&self.books, |mut f| {
+                f.bound(self.budget.used());
+                f.holders()
+            }),
             variable: self.knob().unwrap_or(self.bytes_variable),
             report: None,
         }

@@ -110,7 +110,7 @@ pub struct PoolStats {
 }
 
 /// Counts summed from the books and the threads' tallies.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Figures {
     pub(super) allocated: u64,
     pub(super) freed: u64,
@@ -124,6 +124,25 @@ pub(super) struct Figures {
     pub(super) cached: usize,
     /// Bytes in threads' caches.
     pub(super) thread_cached: usize,
+    /// The most the live bytes can be: the pool's used bytes less those cached
+    /// ([`Figures::bound`]); `usize::MAX` until bounded.
+    pub(super) room: usize,
+}
+
+impl Default for Figures {
+    fn default() -> Figures {
+        Figures {
+            allocated: 0,
+            freed: 0,
+            allocations: 0,
+            deallocations: 0,
+            cache_hits: 0,
+            usage: [0; 4],
+            cached: 0,
+            thread_cached: 0,
+            room: usize::MAX,
+        }
+    }
 }
 
 impl Figures {
@@ -140,13 +159,27 @@ impl Figures {
         self.thread_cached += other.thread_cached;
     }
 
-    /// Live bytes (0 while a free is counted before the allocation it frees).
-    pub(super) fn live(&self) -> usize {
-        self.allocated.saturating_sub(self.freed) as usize
+    /// Bounds the live bytes by what the budget says: `used` (read after the sum) less the
+    /// cached bytes summed. A thread's counts are read one after the other while it
+    /// allocates and frees, its frees first: every allocation and free it completes
+    /// between those reads counts its block live although it is not (a reader preempted
+    /// there saw 150 MB live of a pool holding one 4 KiB block). Live plus cached bytes
+    /// are the used bytes whenever nothing is in flight, and a block a thread cycles
+    /// through its own cache never changes the used bytes, so the bound is exact at rest
+    /// and cuts the phantom bytes off while threads run.
+    pub(super) fn bound(&mut self, used: usize) {
+        self.room = used.saturating_sub(self.cached + self.thread_cached);
     }
 
+    /// Live bytes (0 while a free is counted before the allocation it frees), at most the
+    /// [`Figures::bound`].
+    pub(super) fn live(&self) -> usize {
+        (self.allocated.saturating_sub(self.freed) as usize).min(self.room)
+    }
+
+    /// Live bytes of `usage`: at most the live bytes.
     fn usage(&self, usage: Usage) -> usize {
-        self.usage[usage.index()].max(0) as usize
+        (self.usage[usage.index()].max(0) as usize).min(self.live())
     }
 
     /// Who holds the pool's bytes, for an out-of-memory message.
@@ -293,6 +326,7 @@ impl Books {
             usage: std::array::from_fn(|i| self.by_usage[i].load(Ordering::Relaxed)),
             cached: self.cached.load(Ordering::Relaxed),
             thread_cached: 0,
+            room: usize::MAX,
         }
     }
 
