@@ -78,7 +78,8 @@ impl Scope {
 
     /// A new scope under this one (DJL's `newSubManager()`), with this scope's memory
     /// source; closed with its parent. A closed (or concurrently closing) parent gives
-    /// [`crate::Error::ScopeClosed`], never an open child under a closed parent.
+    /// [`crate::Error::ScopeClosed`], never an open child under a closed parent; a capped
+    /// one [`crate::Error::ScopeCapped`] (DJL's capped manager refuses a sub-manager too).
     pub fn child(&self, name: &str) -> Result<Scope> {
         Ok(Scope {
             owner: self.owner.child(name)?,

@@ -588,9 +588,9 @@ impl Owner {
     /// parent gives [`Error::ScopeClosed`], never an open child under a closed parent.
     pub(crate) fn child(self: &Arc<Self>, name: &str) -> Result<Arc<Owner>> {
         let _transfer = ownership_lock();
-        if self.is_closed() {
-            return Err(self.closed("child", "X"));
-        }
+        // A child is attached to its parent, as DJL's `newSubManager` attaches the new
+        // manager: a capped parent refuses it too.
+        self.check_attachable("child", "X")?;
         Ok(Owner::new(name, Some(self.clone()), self.source))
     }
 

@@ -202,6 +202,28 @@ fn cap_trips_on_attach_and_on_new_outputs() {
 }
 
 #[test]
+fn a_capped_scope_opens_no_child_and_keeps_the_ones_it_had() {
+    // Semantics §4 (DJL: newSubManager of a capped manager throws).
+    let scope = Scope::new_base("capped parent");
+    let before = scope.child("opened before").unwrap();
+    scope.cap();
+    assert_eq!(
+        scope.child("after").err(),
+        Some(Error::ScopeCapped {
+            scope: "capped parent".into()
+        })
+    );
+    let t = before.ones(DType::F32, &[2]).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0; 2]);
+    assert!(
+        before.child("grandchild").is_ok(),
+        "the child is not capped"
+    );
+    scope.close();
+    assert!(before.is_closed());
+}
+
+#[test]
 fn attach_and_detach_move_ownership() {
     let a = Scope::new_base("a");
     let b = Scope::new_base("b");
