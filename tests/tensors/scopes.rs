@@ -219,7 +219,7 @@ fn a_capped_scope_opens_no_child_and_keeps_the_ones_it_had() {
         before.child("grandchild").is_ok(),
         "the child is not capped"
     );
-    scope.close();
+    scope.close().unwrap();
     assert!(before.is_closed());
 }
 
