@@ -305,7 +305,13 @@ impl fmt::Display for ByteSize {
             value /= 1024.0;
             unit += 1;
         }
-        let decimals = if value < 10.0 { 2 } else { 1 };
+        // Decide on the value as printed: 1023.96 KiB would print as "1024.0 KiB", and
+        // 9.996 KiB as "10.00 KiB".
+        if value >= 1023.95 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        let decimals = if value < 9.995 { 2 } else { 1 };
         write!(f, "{value:.decimals$} {}", UNITS[unit])
     }
 }
@@ -333,6 +339,12 @@ mod tests {
         assert_eq!(ByteSize(64 << 10).to_string(), "64.0 KiB");
         assert_eq!(ByteSize(3 << 29).to_string(), "1.50 GiB");
         assert_eq!(ByteSize(8 << 30).to_string(), "8.00 GiB");
+        // Rounding never prints 1024 of a unit, nor 10.00.
+        assert_eq!(ByteSize((1 << 20) - 1).to_string(), "1.00 MiB");
+        assert_eq!(ByteSize((1 << 30) - (1 << 10)).to_string(), "1.00 GiB");
+        assert_eq!(ByteSize(1023 << 10).to_string(), "1023.0 KiB");
+        assert_eq!(ByteSize(10 * 1024 - 1).to_string(), "10.0 KiB");
+        assert_eq!(ByteSize(10 * 1024 - 10).to_string(), "9.99 KiB");
     }
 
     #[test]
