@@ -89,16 +89,30 @@ impl Tensor {
         self.device().or_else(|| other.and_then(Tensor::device))
     }
 
-    /// This tensor's f32 elements on `device`, contiguous from the range's start.
+    /// This tensor's f32 elements on `device`, contiguous (row-major, as its strides read
+    /// them) from the range's start.
     fn operand(&self, device: &Device, op: &str, arg: &str) -> Result<Operand> {
-        if self.device().as_ref() == Some(device) && self.is_contiguous() {
+        let here = self.device().as_ref() == Some(device);
+        if here && self.is_contiguous() {
             self.storage.check(op, arg)?;
             if let Some(slot) = self.storage.device_slot() {
                 let range = slot.device_range(false)?.offset(self.offset * 4);
                 return Ok(Operand { range, _copy: None });
             }
         }
-        let copy = self.to_device(device)?;
+        // A view of device memory in another layout (a transpose, a broadcast, an offset
+        // view that is not row-major) is not its buffer read in order: its elements are
+        // gathered on the host copy (a counted download if that is stale) and uploaded as a
+        // contiguous tensor (counted). Elsewhere, `to_device` makes the same copy.
+        let copy = if here {
+            let placement = Placement::Pool {
+                source: self.storage.source(),
+                owner: None,
+            };
+            self.copy_to(op, placement)?.to_device(device)?
+        } else {
+            self.to_device(device)?
+        };
         let range = match copy.storage.device_slot() {
             Some(slot) => slot.device_range(false)?,
             None => {

@@ -308,3 +308,168 @@ fn a_scope_that_owns_a_device_tensor_makes_it_unusable_when_it_closes() {
     assert!(matches!(err, Error::ScopeClosed { .. }), "{err:?}");
     assert!(matches!(t.to_vec::<f32>(), Err(Error::ScopeClosed { .. })));
 }
+
+/// Every device op reads a transposed or broadcast view of a device tensor as the host
+/// reads it (its strides), not as its memory lies (the views are made contiguous on the
+/// device first; semantics §5.8); each result stays on the device.
+#[test]
+fn device_ops_read_transposed_and_broadcast_views_as_the_host_does() {
+    let gpu = sim(0, 1 << 30);
+    let a = Tensor::from_slice(&[1.0f32, -2.0, 3.0, -4.0, 5.0, -6.0], &[3, 2]).unwrap();
+    let row = Tensor::from_slice(&[1.0f32, -2.0, 3.0], &[3]).unwrap();
+    let col = Tensor::from_slice(&[-1.5f32, 2.5], &[2, 1]).unwrap();
+    let one = Tensor::from_slice(&[0.75f32], &[1]).unwrap();
+    let tall = Tensor::from_slice(&[0.5f32, -1.0], &[2]).unwrap();
+    // Each view of (a, row, col, one, tall), by name.
+    type View = fn(&[&Tensor; 5]) -> Tensor;
+    let views: [(&str, View); 5] = [
+        ("transposed", |t| t[0].transpose().unwrap()),
+        ("row broadcast", |t| t[1].broadcast_to(&[2, 3]).unwrap()),
+        ("column broadcast", |t| t[2].broadcast_to(&[2, 3]).unwrap()),
+        ("scalar broadcast", |t| t[3].broadcast_to(&[2, 3]).unwrap()),
+        ("transposed broadcast", |t| {
+            t[4].broadcast_to(&[3, 2]).unwrap().transpose().unwrap()
+        }),
+    ];
+    let dev = |t: &Tensor| t.to_device(&gpu).unwrap();
+    let (da, drow, dcol, done, dtall) = (dev(&a), dev(&row), dev(&col), dev(&one), dev(&tall));
+    let other = Tensor::from_slice(&[0.5f32, 1.0, -1.5, 2.0, -2.5, 3.0], &[2, 3]).unwrap();
+    let dother = dev(&other);
+    let m = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]).unwrap();
+    let dm = dev(&m);
+    for (name, view) in &views {
+        let h = view(&[&a, &row, &col, &one, &tall]);
+        let d = view(&[&da, &drow, &dcol, &done, &dtall]);
+        assert_eq!(h.shape(), &[2, 3], "{name}");
+        let cases: Vec<(&str, Tensor, Tensor)> = vec![
+            ("relu", h.relu().unwrap(), d.relu().unwrap()),
+            ("exp", h.exp().unwrap(), d.exp().unwrap()),
+            ("tanh", h.tanh().unwrap(), d.tanh().unwrap()),
+            ("sigmoid", h.sigmoid().unwrap(), d.sigmoid().unwrap()),
+            (
+                "mul_scalar",
+                h.mul_scalar(3.0).unwrap(),
+                d.mul_scalar(3.0).unwrap(),
+            ),
+            (
+                "add_scalar",
+                h.add_scalar(1.0).unwrap(),
+                d.add_scalar(1.0).unwrap(),
+            ),
+            ("add", h.add(&other).unwrap(), d.add(&dother).unwrap()),
+            (
+                "add (host Y)",
+                h.add(&other).unwrap(),
+                d.add(&other).unwrap(),
+            ),
+            (
+                "sub (view as Y)",
+                other.sub(&h).unwrap(),
+                dother.sub(&d).unwrap(),
+            ),
+            ("mul (itself)", h.mul(&h).unwrap(), d.mul(&d).unwrap()),
+            ("add row", h.add(&row).unwrap(), d.add(&drow).unwrap()),
+            (
+                "relu_backward",
+                h.relu_backward(&other).unwrap(),
+                d.relu_backward(&dother).unwrap(),
+            ),
+            ("sum", h.sum().unwrap(), d.sum().unwrap()),
+            (
+                "sum_axis(0)",
+                h.sum_axis(0).unwrap(),
+                d.sum_axis(0).unwrap(),
+            ),
+            (
+                "sum_axis(1)",
+                h.sum_axis(1).unwrap(),
+                d.sum_axis(1).unwrap(),
+            ),
+            (
+                "mean_axis(1)",
+                h.mean_axis(1).unwrap(),
+                d.mean_axis(1).unwrap(),
+            ),
+            ("softmax(1)", h.softmax(1).unwrap(), d.softmax(1).unwrap()),
+            (
+                "log_softmax(1)",
+                h.log_softmax(1).unwrap(),
+                d.log_softmax(1).unwrap(),
+            ),
+            ("matmul", h.matmul(&m).unwrap(), d.matmul(&dm).unwrap()),
+            (
+                "matmul (view as Y)",
+                m.matmul(&h).unwrap(),
+                dm.matmul(&d).unwrap(),
+            ),
+        ];
+        for (op, host, device) in cases {
+            assert!(device.is_on_device(), "{name} {op}: ran on the host");
+            assert_eq!(device.shape(), host.shape(), "{name} {op}");
+            let (dv, hv) = (
+                device.to_vec::<f32>().unwrap(),
+                host.to_vec::<f32>().unwrap(),
+            );
+            let near = dv.len() == hv.len()
+                && dv
+                    .iter()
+                    .zip(&hv)
+                    .all(|(x, y)| (x - y).abs() <= 1e-6 * (1.0 + y.abs()));
+            assert!(near, "{name} {op}: device {dv:?}, host {hv:?}");
+        }
+        // As the source of an in-place update of a contiguous device tensor.
+        let mut w = dev(&other);
+        let mut hw = other.copy().unwrap();
+        w.scaled_add(-0.5, &d).unwrap();
+        hw.scaled_add(-0.5, &h).unwrap();
+        assert_eq!(
+            w.to_vec::<f32>().unwrap(),
+            hw.to_vec::<f32>().unwrap(),
+            "{name} scaled_add"
+        );
+        w.assign(&d).unwrap();
+        hw.assign(&h).unwrap();
+        assert_eq!(
+            w.to_vec::<f32>().unwrap(),
+            hw.to_vec::<f32>().unwrap(),
+            "{name} assign"
+        );
+        assert_eq!(
+            w.to_vec::<f32>().unwrap(),
+            h.to_vec::<f32>().unwrap(),
+            "{name} assign"
+        );
+    }
+    // The gather costs one upload, and a download only while the host copy is stale.
+    let moved = |f: &dyn Fn() -> Tensor| {
+        let before = gpu.stats();
+        let out = f();
+        let after = gpu.stats();
+        assert!(out.is_on_device());
+        (
+            after.htod_transfers - before.htod_transfers,
+            after.dtoh_transfers - before.dtoh_transfers,
+        )
+    };
+    assert_eq!(moved(&|| da.transpose().unwrap().relu().unwrap()), (1, 0));
+    let twice = da.mul_scalar(2.0).unwrap();
+    assert_eq!(
+        moved(&|| twice.transpose().unwrap().relu().unwrap()),
+        (1, 1)
+    );
+    assert_eq!(
+        moved(&|| twice.transpose().unwrap().relu().unwrap()),
+        (1, 0)
+    );
+    // The view's own tensor is unchanged, and so are its device bytes.
+    assert_eq!(da.to_vec::<f32>().unwrap(), a.to_vec::<f32>().unwrap());
+    assert_eq!(
+        da.transpose()
+            .unwrap()
+            .relu()
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![1.0, 3.0, 5.0, 0.0, 0.0, 0.0]
+    );
+}
