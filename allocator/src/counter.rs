@@ -281,11 +281,31 @@ impl fmt::Debug for Budget {
 /// such a moment as 0 rather than wrapping.
 pub struct Counter {
     value: AtomicIsize,
-    peak: AtomicUsize,
+    /// The peak (low [`PEAK_BITS`] bits) and the low bits of the reset count it belongs
+    /// to (the rest), in one word: a high-water mark that began before a reset is told
+    /// apart by the very compare-exchange that would raise the peak with it.
+    peak: AtomicU64,
     total: AtomicU64,
     /// Peak resets so far: a publisher whose high-water mark began before the last one
     /// publishes no high from it (see [`Counter::resets`]).
     resets: AtomicU64,
+}
+
+/// Bits of a [`Counter`]'s peak word that hold the peak (64 PiB); the rest hold the
+/// reset count's low bits.
+const PEAK_BITS: u32 = 56;
+
+/// The peak part of a [`Counter`]'s peak word.
+const PEAK_MASK: u64 = (1 << PEAK_BITS) - 1;
+
+/// A peak word: `peak` (saturated at [`PEAK_MASK`]) in reset generation `resets`.
+fn peak_word(resets: u64, peak: u64) -> u64 {
+    resets << PEAK_BITS | peak.min(PEAK_MASK)
+}
+
+/// Whether a peak word belongs to reset generation `resets`.
+fn same_generation(word: u64, resets: u64) -> bool {
+    word >> PEAK_BITS == resets & (u64::MAX >> PEAK_BITS)
 }
 
 /// The figures of a [`Counter`], read one after the other (see [`Counter::read`]).
@@ -305,7 +325,7 @@ impl Counter {
     pub const fn new() -> Counter {
         Counter {
             value: AtomicIsize::new(0),
-            peak: AtomicUsize::new(0),
+            peak: AtomicU64::new(0),
             total: AtomicU64::new(0),
             resets: AtomicU64::new(0),
         }
@@ -316,7 +336,7 @@ impl Counter {
     pub fn new() -> Counter {
         Counter {
             value: AtomicIsize::new(0),
-            peak: AtomicUsize::new(0),
+            peak: AtomicU64::new(0),
             total: AtomicU64::new(0),
             resets: AtomicU64::new(0),
         }
@@ -325,7 +345,8 @@ impl Counter {
     /// Adds `n` to the value and the total, raising the peak if the value passes it.
     #[inline]
     pub fn add(&self, n: usize) {
-        self.publish(n as isize, n as isize);
+        // The high is the value after the addition: current in whatever generation.
+        self.publish(n as isize, n as isize, self.resets());
         self.total.fetch_add(n as u64, Ordering::Relaxed);
     }
 
@@ -337,12 +358,17 @@ impl Counter {
 
     /// Publishes a batch: adds `net` to the value, and raises the peak to the value before
     /// the batch plus `high`, the highest the batch's running sum reached (0 when it never
-    /// rose above its start). The total is not touched (see [`Counter::add_total`]).
+    /// rose above its start), if the batch's mark began in reset generation `resets`
+    /// ([`Counter::resets`] when it began); a mark from before the last reset raises the
+    /// peak to the value after the batch alone. The total is not touched (see
+    /// [`Counter::add_total`]).
     ///
     /// The peak so published is exact when no other writer publishes meanwhile; otherwise
     /// this writer's excursion is added to the others' figures as published at that moment.
+    /// A reset that lands while this runs is seen by the compare-exchange that raises the
+    /// peak (the word carries the generation), so a high from before it never gets in.
     #[inline]
-    pub fn publish(&self, net: isize, high: isize) {
+    pub fn publish(&self, net: isize, high: isize, resets: u64) {
         if high <= 0 {
             // The batch never rose above the published figure: no new peak.
             if net != 0 {
@@ -356,9 +382,28 @@ impl Counter {
             self.value.fetch_add(net, Ordering::Relaxed)
         };
         let top = before.saturating_add(high);
+        let after = before.saturating_add(net);
         // A new peak is rare: read first, so the usual case is no second write.
-        if top > 0 && top as usize > self.peak.load(Ordering::Relaxed) {
-            self.peak.fetch_max(top as usize, Ordering::Relaxed);
+        let mut word = self.peak.load(Ordering::Relaxed);
+        loop {
+            let candidate = if same_generation(word, resets) {
+                top
+            } else {
+                after
+            };
+            if candidate <= 0 || candidate as u64 <= word & PEAK_MASK {
+                return;
+            }
+            let raised = (word & !PEAK_MASK) | (candidate as u64).min(PEAK_MASK);
+            match self.peak.compare_exchange_weak(
+                word,
+                raised,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => word = now,
+            }
         }
     }
 
@@ -380,7 +425,7 @@ impl Counter {
     /// The highest value since creation or the last [`Counter::reset_peak`].
     #[inline]
     pub fn peak(&self) -> usize {
-        self.peak.load(Ordering::Relaxed)
+        (self.peak.load(Ordering::Relaxed) & PEAK_MASK) as usize
     }
 
     /// Everything ever added.
@@ -401,8 +446,13 @@ impl Counter {
 
     /// Restarts the peak from the current value.
     pub fn reset_peak(&self) {
-        self.resets.fetch_add(1, Ordering::Release);
-        self.peak.store(self.value(), Ordering::Relaxed);
+        let resets = self.resets.fetch_add(1, Ordering::AcqRel) + 1;
+        // The new generation's word goes in by an exchange: a publisher's compare-exchange
+        // that read the old generation then fails, and one that came first is overwritten
+        // (a plain store is as good under the language's memory model, but the loom model
+        // `budget` checks the exchange).
+        self.peak
+            .swap(peak_word(resets, self.value() as u64), Ordering::Relaxed);
     }
 
     /// How many times the peak was reset. A thread that keeps a high-water mark between
@@ -502,25 +552,50 @@ mod tests {
     #[test]
     fn a_published_batch_raises_the_peak_by_its_own_excursion() {
         let counter = Counter::new();
-        counter.publish(100, 100);
+        counter.publish(100, 100, 0);
         // A batch that went up 80 and came back down to 20 net.
-        counter.publish(20, 80);
+        counter.publish(20, 80, 0);
         assert_eq!(counter.value(), 120);
         assert_eq!(counter.peak(), 180);
         assert_eq!(counter.total(), 0, "publish leaves the total to add_total");
         counter.add_total(120);
         assert_eq!(counter.total(), 120);
         // Net frees with no rise: the value falls, the peak stays.
-        counter.publish(-200, 0);
+        counter.publish(-200, 0, 0);
         assert_eq!(counter.value(), 0, "a negative value reads as 0");
         assert_eq!(counter.peak(), 180);
-        counter.publish(90, 90);
+        counter.publish(90, 90, 0);
         assert_eq!(
             counter.value(),
             10,
             "the negative moment was kept, not clamped"
         );
         assert_eq!(counter.peak(), 180);
+    }
+
+    #[test]
+    fn a_batch_that_began_before_a_reset_publishes_no_high_from_it() {
+        let counter = Counter::new();
+        counter.publish(50, 50, counter.resets());
+        let before = counter.resets();
+        counter.reset_peak();
+        assert_eq!(counter.peak(), 50);
+        // A mark begun before the reset: its high of 200 is not this generation's.
+        counter.publish(10, 200, before);
+        assert_eq!(
+            counter.peak(),
+            60,
+            "the value after the batch, not its old high"
+        );
+        counter.publish(0, 5, counter.resets());
+        assert_eq!(counter.peak(), 65);
+        // Peaks beyond the word's 56 bits saturate rather than wrap into the generation.
+        counter.publish(0, isize::MAX - 100, counter.resets());
+        assert_eq!(counter.peak() as u64, PEAK_MASK);
+        assert!(same_generation(
+            counter.peak.load(Ordering::Relaxed),
+            counter.resets()
+        ));
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!   refusal's) are totals that really were reserved;
 //! - a `Counter` (the value, peak and total both the pool's and the heap's statistics are
 //!   made of) updated by two threads, one per block and one in batches, ends exact, and its
-//!   peak covers every excursion without passing what was ever live at once.
+//!   peak covers every excursion without passing what was ever live at once;
+//! - a batch's high from before a peak reset, published while the reset runs, never
+//!   raises the peak after it (the peak word carries the reset generation).
 #![cfg(ndmem_loom)]
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
@@ -307,7 +309,7 @@ fn counters_add_up_and_their_peak_covers_every_excursion() {
             })
         };
         // A batch that rose by 10 and ended 4 up, then one that gave the 4 back.
-        counter.publish(4, 10);
+        counter.publish(4, 10, 0);
         let seen = counter.read();
         assert!(seen.value <= 9, "value {} > everything live", seen.value);
         assert!(
@@ -315,7 +317,7 @@ fn counters_add_up_and_their_peak_covers_every_excursion() {
             "peak {} misses the batch's excursion",
             seen.peak
         );
-        counter.publish(-4, 0);
+        counter.publish(-4, 0, 0);
         counter.add_total(10);
         per_block.join().unwrap();
         let end = counter.read();
@@ -326,5 +328,26 @@ fn counters_add_up_and_their_peak_covers_every_excursion() {
             "peak {} outside [10, 15]",
             end.peak
         );
+    });
+}
+
+#[test]
+fn a_high_from_before_a_peak_reset_never_raises_the_peak_after_it() {
+    model(|| {
+        // A thread's batch rose 100 above the value and came back (net 0) in reset
+        // generation 0; it publishes while another thread resets the peak. Published
+        // before the reset, the reset erases it; after, the generation in the peak word
+        // refuses it: either way the peak after both is the value, 0.
+        let counter = Arc::new(Counter::new());
+        let reset = {
+            let counter = counter.clone();
+            thread::spawn(move || counter.reset_peak())
+        };
+        counter.publish(0, 100, 0);
+        reset.join().unwrap();
+        assert_eq!(counter.peak(), 0, "a high from before the reset got in");
+        // A batch of the new generation raises it as usual.
+        counter.publish(0, 7, counter.resets());
+        assert_eq!(counter.peak(), 7);
     });
 }

@@ -753,7 +753,7 @@ impl Tally {
         self.epoch.set(resets);
         self.published.set(self.published.get() + net as i64);
         self.live_ops.set(self.ops());
-        ledger.live.publish(net, high);
+        ledger.live.publish(net, high, resets);
     }
 
     /// The calling thread published (a flush) just before the peak was reset: its mark,
