@@ -72,6 +72,9 @@ fn child_global_pool_garbage() {
     let err = Pool::global().allocate(64, 8).unwrap_err();
     assert!(matches!(err, AllocError::Config(_)), "{err:?}");
     assert!(err.to_string().contains("NDMEM_MAX_BYTES"), "{err}");
+    // It serves nothing, and its figures say so rather than show a default limit.
+    assert_eq!(Pool::global().stats().limit_bytes, Some(0));
+    assert_eq!(Pool::global().limits().0, Some(0));
 }
 
 #[test]

@@ -592,11 +592,12 @@ impl Pool {
         Ok(())
     }
 
-    /// The limits this pool enforces now.
+    /// The limits this pool enforces now (the byte limit is `Some(0)` for the global
+    /// pool while its variables hold garbage: it serves nothing).
     pub fn limits(&self) -> (Option<usize>, Option<usize>) {
         let physical = self.core.max_physical.load(Ordering::Relaxed);
         (
-            self.core.budget.limit(),
+            self.core.limit_bytes(),
             (physical < UNLIMITED).then_some(physical),
         )
     }
@@ -619,7 +620,7 @@ impl Pool {
             peak_bytes: stats.peak_bytes.min(peak_used).max(stats.live_bytes),
             used_bytes: core.budget.used(),
             peak_used_bytes: peak_used,
-            limit_bytes: core.budget.limit(),
+            limit_bytes: core.limit_bytes(),
             physical_bytes: physical_bytes(),
             physical_limit_bytes: (physical < UNLIMITED).then_some(physical),
             ..stats
@@ -664,6 +665,15 @@ impl Core {
             bytes_variable: "Limits::max_bytes of this pool",
             physical_variable: "Limits::max_physical_bytes of this pool",
             bytes_knob: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The byte limit as reported: the budget's, or `Some(0)` while the configuration is
+    /// unusable (nothing can be allocated).
+    fn limit_bytes(&self) -> Option<usize> {
+        match self.config_error {
+            None => self.budget.limit(),
+            Some(_) => Some(0),
         }
     }
 

@@ -67,7 +67,9 @@ pub struct PoolStats {
     ///
     /// [`Pool::reset_peak`]: crate::Pool::reset_peak
     pub peak_used_bytes: usize,
-    /// The off-heap limit (`max_bytes`), `None` when unlimited.
+    /// The off-heap limit (`max_bytes`), `None` when unlimited; `Some(0)` for the global
+    /// pool while a variable it reads holds garbage (every allocation then fails with
+    /// [`AllocError::Config`](crate::AllocError::Config), so it serves nothing).
     pub limit_bytes: Option<usize>,
     /// Resident set size of the process now.
     pub physical_bytes: usize,
