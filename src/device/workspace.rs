@@ -177,7 +177,8 @@ impl DeviceWorkspace {
 
     /// As a host workspace bumps (semantics §2.2): the start padded to `align` (at least
     /// the workspace's alignment), the size rounded up to the workspace's alignment, no
-    /// further than `max_size`; a zero-size request takes no bytes.
+    /// further than `max_size`. Not for a zero-size request, which takes no bytes (see
+    /// [`DeviceCycle::allocate`]).
     #[inline]
     fn bump(&self, bytes: usize, align: usize) -> Option<u64> {
         let buffer = self.buffer.as_ref()?;
@@ -188,9 +189,7 @@ impl DeviceWorkspace {
         if end > self.sizing.bump_limit(buffer.len()) {
             return None;
         }
-        if bytes > 0 {
-            self.offset.set(end);
-        }
+        self.offset.set(end);
         Some(base + start as u64)
     }
 
@@ -203,8 +202,9 @@ impl DeviceWorkspace {
         })
     }
 
+    /// A request of `bytes > 0` the buffer cannot hold, by spill policy.
     fn spill_allocate(&self, bytes: usize, align: usize) -> Result<u64> {
-        let counted = spilled_bytes(bytes.max(1), align, self.sizing.align).ok_or(Error::Alloc(
+        let counted = spilled_bytes(bytes, align, self.sizing.align).ok_or(Error::Alloc(
             AllocError::InvalidLayout {
                 size: bytes,
                 align,
@@ -221,7 +221,7 @@ impl DeviceWorkspace {
         }
         // Device buffers are 256-byte aligned; over-aligned spills take the padding.
         let extra = align.saturating_sub(super::sim::DEVICE_ALIGN);
-        let memory = self.take(bytes.max(1) + extra)?;
+        let memory = self.take(bytes + extra)?;
         let ptr = memory.ptr();
         let aligned = ptr + padding(ptr as usize, align) as u64;
         self.spills.borrow_mut().push(memory);
@@ -270,6 +270,12 @@ impl fmt::Debug for DeviceWorkspace {
     }
 }
 
+/// The address of a zero-size request aligned to `align` (a power of two): `align` itself,
+/// as the host's dangling pointer; it is never dereferenced, since its range is empty.
+fn dangling(align: usize) -> u64 {
+    align as u64
+}
+
 /// A running cycle of a [`DeviceWorkspace`]; dropping it ends the cycle.
 pub struct DeviceCycle<'w> {
     workspace: &'w mut DeviceWorkspace,
@@ -277,7 +283,9 @@ pub struct DeviceCycle<'w> {
 
 impl DeviceCycle<'_> {
     /// `bytes` of device memory aligned to `align` (a power of two), valid until the cycle
-    /// ends: bumped in the buffer, or spilled to the device pool by the spill policy.
+    /// ends: bumped in the buffer, or spilled to the device pool by the spill policy. A
+    /// zero-size request takes no bytes and never spills: an empty slice at a dangling,
+    /// aligned address.
     #[inline]
     pub fn allocate(&self, bytes: usize, align: usize) -> Result<WorkspaceSlice<'_>> {
         if !align.is_power_of_two() {
@@ -290,9 +298,15 @@ impl DeviceCycle<'_> {
         let ws = &*self.workspace;
         // Every allocation is aligned to at least the workspace's alignment (§2.1).
         let align = align.max(ws.sizing.align);
-        let ptr = match ws.bump(bytes, align) {
-            Some(ptr) => ptr,
-            None => ws.spill_allocate(bytes, align)?,
+        let ptr = if bytes == 0 {
+            // As on the host (§2.2): a dangling, aligned address that takes no bytes and is
+            // never read or written (an empty range: copies and kernels touch nothing).
+            dangling(align)
+        } else {
+            match ws.bump(bytes, align) {
+                Some(ptr) => ptr,
+                None => ws.spill_allocate(bytes, align)?,
+            }
         };
         Ok(WorkspaceSlice {
             range: RawRange::new(

@@ -232,3 +232,80 @@ fn bump_cost() {
     eprintln!("device workspace allocation (cycle enter/exit included): {per:.1} ns");
     assert_eq!(ws.stats().spilled, 0);
 }
+
+/// A zero-size request is free, as on the host (semantics §2.2, §5.6): a dangling, aligned,
+/// empty slice that takes no bytes (none bumped, none spilled, nothing learned, no driver
+/// call), whether the workspace has a buffer or not, and even where the buffer is full
+/// under `Fail`; the empty slice is a valid (empty) operand.
+#[test]
+fn a_zero_size_request_takes_no_bytes_and_never_spills() {
+    let gpu = sim(0, 1 << 30);
+    let ready = gpu.stats();
+    for (name, mirroring) in [
+        ("ZERO", MirroringPolicy::Full),
+        ("ZERO-PINNED", MirroringPolicy::HostOnly),
+    ] {
+        let config = WorkspaceConfig::builder()
+            .policy_mirroring(mirroring)
+            .build()
+            .unwrap();
+        let mut ws = DeviceWorkspace::new(&gpu, name, &config).unwrap();
+        for _ in 0..3 {
+            let c = ws.enter();
+            for align in [1, 16, 64, 4096, 1 << 16] {
+                let mut empty = c.allocate(0, align).unwrap();
+                assert_eq!(empty.len(), 0);
+                assert_eq!(empty.device_ptr() % align as u64, 0, "{name} align {align}");
+                assert_eq!(gpu.sim_bytes(&empty), Some(&[][..]));
+                gpu.fill(&mut empty, 7).unwrap();
+                let other = c.allocate(0, 8).unwrap();
+                gpu.copy(&other, &mut empty).unwrap();
+            }
+            let s = c.stats();
+            assert_eq!((s.used, s.spilled), (0, 0), "{name}: {s:?}");
+        }
+        let s = ws.stats();
+        assert_eq!(
+            (s.max_cycle, s.total_spilled, s.buffer_bytes, s.cycles),
+            (0, 0, 0, 3),
+            "{name}: nothing learned: {s:?}"
+        );
+    }
+    let now = gpu.stats();
+    assert_eq!(now.driver_allocations, ready.driver_allocations);
+    assert_eq!(now.pinned_allocations, ready.pinned_allocations);
+    assert_eq!(now.holders.workspaces, 0);
+
+    // With a buffer: a zero-size request between two others moves nothing, and one past
+    // the end of a full buffer succeeds under `Fail`.
+    let config = WorkspaceConfig::builder()
+        .initial_size(1024)
+        .policy_allocation(ndmem::AllocationPolicy::Strict)
+        .policy_spill(SpillPolicy::Fail)
+        .build()
+        .unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "ZERO-FAIL", &config).unwrap();
+    let c = ws.enter();
+    let a = c.allocate(100, 16).unwrap();
+    let empty = c.allocate(0, 4096).unwrap();
+    assert_eq!(empty.device_ptr() % 4096, 0);
+    let b = c.allocate(100, 16).unwrap();
+    assert_eq!(
+        b.device_ptr() - a.device_ptr(),
+        112,
+        "the empty request took nothing"
+    );
+    c.allocate(800, 16).unwrap();
+    assert_eq!(c.stats().used, 1024);
+    for align in [16, 4096] {
+        let empty = c.allocate(0, align).unwrap();
+        assert_eq!(
+            (empty.len() as u64, empty.device_ptr() % align as u64),
+            (0, 0)
+        );
+    }
+    let s = c.stats();
+    assert_eq!((s.used, s.spilled), (1024, 0), "{s:?}");
+    drop(c);
+    assert_eq!(ws.stats().max_cycle, 1024);
+}
