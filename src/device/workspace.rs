@@ -40,9 +40,11 @@ impl Memory {
         }
     }
 
+    /// The bytes the workspace may use: all of a device buffer's size class, as a host
+    /// workspace uses all of its pool block (semantics §2.3); a pinned buffer's length.
     fn len(&self) -> usize {
         match self {
-            Memory::Device(b) => b.len(),
+            Memory::Device(b) => b.capacity(),
             Memory::Pinned(p) => p.len(),
         }
     }
@@ -90,7 +92,8 @@ pub struct DeviceWorkspace {
 pub struct DeviceWorkspaceStats {
     /// The workspace's name.
     pub name: String,
-    /// Its buffer's bytes (0 before learning).
+    /// Its buffer's bytes: a device buffer's whole size class, which it uses (0 before
+    /// learning).
     pub buffer_bytes: usize,
     /// Bytes bumped in the running (or last) cycle.
     pub used: usize,

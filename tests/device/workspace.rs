@@ -309,3 +309,52 @@ fn a_zero_size_request_takes_no_bytes_and_never_spills() {
     drop(c);
     assert_eq!(ws.stats().max_cycle, 1024);
 }
+
+/// A learned buffer is a pool block of its size class, and the workspace uses all of it
+/// and reports it (semantics §2.3: a learned 672 bytes is a 768-byte block), bumping no
+/// further than `max_size` where that is below the block (§2.1).
+#[test]
+fn a_learned_buffer_uses_and_reports_its_size_class() {
+    let gpu = sim(0, 1 << 30);
+    let strict = || WorkspaceConfig::builder().policy_allocation(ndmem::AllocationPolicy::Strict);
+    let mut ws = DeviceWorkspace::new(&gpu, "CLASS", &strict().build().unwrap()).unwrap();
+    {
+        let c = ws.enter();
+        c.allocate(672, 16).unwrap();
+    }
+    assert_eq!(gpu.stats().holders.workspaces, 768);
+    assert_eq!(ws.stats().buffer_bytes, 768, "{:?}", ws.stats());
+    for _ in 0..2 {
+        let c = ws.enter();
+        let a = c.allocate(512, 16).unwrap();
+        let b = c.allocate(256, 16).unwrap();
+        assert_eq!(b.device_ptr() - a.device_ptr(), 512);
+        let s = c.stats();
+        assert_eq!(
+            (s.used, s.spilled),
+            (768, 0),
+            "the whole block is bumped: {s:?}"
+        );
+    }
+    assert_eq!(ws.stats().buffer_bytes, 768, "nothing relearned");
+    assert_eq!(gpu.stats().holders.workspaces, 768);
+
+    // `max_size` below the block: the block is reported, the bump stops at `max_size`.
+    let capped = strict().max_size(700).build().unwrap();
+    let mut ws = DeviceWorkspace::new(&gpu, "CAPPED", &capped).unwrap();
+    {
+        let c = ws.enter();
+        c.allocate(672, 16).unwrap();
+    }
+    assert_eq!(ws.stats().buffer_bytes, 768);
+    let c = ws.enter();
+    c.allocate(688, 16).unwrap();
+    assert_eq!(c.stats().spilled, 0);
+    c.allocate(16, 16).unwrap();
+    let s = c.stats();
+    assert_eq!(
+        (s.used, s.spilled),
+        (688, 16),
+        "past max_size it spills: {s:?}"
+    );
+}
