@@ -1,6 +1,8 @@
 //! The device layer on the simulated device (semantics §1, §5, §6), and on CUDA when a
 //! driver is present (skipped with a printed reason otherwise).
 
+#[path = "../common/mod.rs"]
+mod common;
 mod compute;
 mod cuda;
 mod graph;
