@@ -112,6 +112,10 @@ impl Backend {
     /// # Safety
     /// `src` readable and `dst` (a device range of this backend) writable for `bytes`.
     pub(crate) unsafe fn copy_htod(&self, src: *const u8, dst: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            // Nothing to move: no driver call (an empty range's address may be dangling).
+            return Ok(());
+        }
         match self {
             Backend::Sim(_) => {
                 // SAFETY: see the impl's comment; sim device memory is host memory.
@@ -129,6 +133,10 @@ impl Backend {
     /// # Safety
     /// `src` (a device range of this backend) readable and `dst` writable for `bytes`.
     pub(crate) unsafe fn copy_dtoh(&self, src: u64, dst: *mut u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            // Nothing to move: no driver call (an empty range's address may be dangling).
+            return Ok(());
+        }
         match self {
             Backend::Sim(_) => {
                 // SAFETY: see the impl's comment; sim device memory is host memory.
@@ -146,6 +154,10 @@ impl Backend {
     /// # Safety
     /// Both are device ranges of this backend, valid for `bytes`.
     pub(crate) unsafe fn copy_dtod(&self, src: u64, dst: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            // Nothing to move: no driver call (an empty range's address may be dangling).
+            return Ok(());
+        }
         match self {
             Backend::Sim(_) => {
                 // SAFETY: see the impl's comment; sim device memory is host memory.
@@ -163,6 +175,10 @@ impl Backend {
     /// # Safety
     /// `dst` is a device range of this backend writable for `bytes`.
     pub(crate) unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            // Nothing to move: no driver call (an empty range's address may be dangling).
+            return Ok(());
+        }
         match self {
             Backend::Sim(_) => {
                 // SAFETY: see the impl's comment; sim device memory is host memory.
