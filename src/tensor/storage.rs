@@ -68,7 +68,7 @@ impl NewStorage {
                 workspace::allocate_in_current(layout)
             }
             Placement::ParentWorkspace(_) => workspace::allocate_in_parent(layout),
-            Placement::Workspace(id) => Some(workspace::allocate_in(id, layout)),
+            Placement::Workspace(id) => workspace::allocate_tensor_in(id, layout),
             Placement::Pool { .. } => None,
         };
         if let Some(memory) = in_workspace {
@@ -87,7 +87,7 @@ impl NewStorage {
             Placement::ParentWorkspace(source) | Placement::CurrentWorkspace(source) => {
                 (source, None)
             }
-            // allocate_in answered (with memory or an error) above.
+            // A workspace under `NDMEM_WORKSPACES=bypass`: the pool, as for every tensor.
             Placement::Workspace(_) => (MemorySource::default(), None),
         };
         if let Some(owner) = &owner {

@@ -595,13 +595,35 @@ pub(crate) fn parent_of_current_is(id: &str) -> bool {
 }
 
 /// Allocates in the workspace `id` of this thread: [`Error::NoSuchWorkspace`] if it does
-/// not exist, [`Error::WorkspaceNotOpen`] if no cycle of it is running.
+/// not exist, [`Error::WorkspaceNotOpen`] if no cycle of it is running. Raw memory, as
+/// the guard's allocator hands out: under `NDMEM_WORKSPACES=bypass` it spills.
 pub fn allocate_in(id: &str, layout: Layout) -> Result<WorkspaceMemory, Error> {
-    let arena = MANAGER
+    find_for(id)?.alloc_memory(layout)
+}
+
+/// The workspace `id` of this thread, or the error [`allocate_in`] gives for it.
+fn find_for(id: &str) -> Result<Rc<Arena>, Error> {
+    MANAGER
         .try_with(|m| m.find(id))
         .map_err(|_| thread_exiting(id))?
         .ok_or_else(|| Error::NoSuchWorkspace {
             workspace: id.to_string(),
-        })?;
-    arena.alloc_memory(layout)
+        })
+}
+
+/// A tensor's memory in the workspace `id` of this thread (`leverage_to`): as
+/// [`allocate_in`], except that under `NDMEM_WORKSPACES=bypass` an open workspace takes
+/// no tensor (`None`: it goes to the pool, as every tensor does then, semantics §2.5).
+pub(crate) fn allocate_tensor_in(
+    id: &str,
+    layout: Layout,
+) -> Option<Result<WorkspaceMemory, Error>> {
+    let arena = match find_for(id) {
+        Ok(arena) => arena,
+        Err(e) => return Some(Err(e)),
+    };
+    if arena.is_bypassed() && arena.is_open() {
+        return None;
+    }
+    Some(arena.alloc_memory(layout))
 }

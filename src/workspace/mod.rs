@@ -48,12 +48,12 @@ pub use config::{
     SpillPolicy, WorkspaceConfig, WorkspaceConfigBuilder, ENV_WORKSPACES, MAX_ALIGNMENT,
     MAX_RING_SLOTS,
 };
-pub(crate) use manager::parent_of_current_is;
 pub use manager::{
     all_workspaces, allocate_in, allocate_in_current, allocate_in_parent, parent_of_current,
     workspaces, ScopeOut, WorkspaceGuard, Workspaces,
 };
 pub(crate) use manager::{all_workspaces_with_source, WorkspaceEntry};
+pub(crate) use manager::{allocate_tensor_in, parent_of_current_is};
 pub(crate) use stamp::{cycle_word_passes, StampProbe};
 pub use stamp::{Stamp, ViewPin, WorkspaceMemory};
 pub use stats::WorkspaceStats;

@@ -4,7 +4,7 @@
 use std::alloc::Layout;
 
 use ndmem::workspace::{allocate_in_current, ENV_WORKSPACES};
-use ndmem::{workspaces, Error, SpillPolicy, WorkspaceConfig};
+use ndmem::{workspaces, DType, Error, SpillPolicy, Tensor, WorkspaceConfig};
 
 use crate::common::{child::Rerun, test_name};
 
@@ -46,7 +46,22 @@ fn child(scenario: &str) {
             );
             g.alloc(layout).unwrap(); // the guard's allocator still works, by spilling
             assert_eq!(g.stats().size, 0);
+            // Tensors never land in a workspace, leverage_to's copies included (ND4J's
+            // bypass hands out a dummy workspace): the copy outlives the cycle.
+            let src = Tensor::ones(DType::F32, &[4]).unwrap();
+            let kept = src.leverage_to("DEBUG").unwrap();
+            assert_eq!(kept.workspace(), None);
+            assert!(matches!(
+                src.leverage_to("NO_SUCH"),
+                Err(Error::NoSuchWorkspace { .. })
+            ));
             drop(g);
+            assert_eq!(kept.to_vec::<f32>().unwrap(), vec![1.0; 4]);
+            // A workspace not open refuses it as in the normal mode.
+            assert!(matches!(
+                src.leverage_to("DEBUG"),
+                Err(Error::WorkspaceNotOpen { .. })
+            ));
             fail_policy_still_allocates(&ws);
         }
         "garbage" => match ws.get_and_activate(&cfg, "DEBUG") {
