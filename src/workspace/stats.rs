@@ -26,7 +26,9 @@ pub struct WorkspaceStats {
     pub max_cycle: usize,
     /// Bytes spilled this cycle (0 when closed: BlockLeft frees them at cycle end).
     pub spilled_bytes: usize,
-    /// Bytes of spills a circular workspace keeps for later cycles (ND4J's pinned allocations).
+    /// Bytes of spills a circular workspace keeps for later cycles (ND4J's pinned
+    /// allocations): the capacities (size classes) of the pool blocks they hold, where
+    /// `spilled_bytes` counts the padded requests.
     pub pinned_bytes: usize,
     /// Bytes spilled over the workspace's life.
     pub total_spilled_bytes: u64,
