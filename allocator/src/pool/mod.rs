@@ -609,16 +609,20 @@ impl Pool {
     pub fn stats(&self) -> PoolStats {
         let core = &*self.core;
         let physical = core.max_physical.load(Ordering::Relaxed);
-        let stats = core.local.summed(&core.books, |mut f| {
-            f.bound(core.budget.used());
-            core.books.stats(&f)
+        // The used bytes are read once, for the bound and the figure both: a `trim` (or
+        // any block given back to the OS) between two reads would report less used than
+        // the live and cached bytes were bounded by.
+        let (stats, used) = core.local.summed(&core.books, |mut f| {
+            let used = core.budget.used();
+            f.bound(used);
+            (core.books.stats(&f), used)
         });
         let peak_used = core.budget.peak();
         PoolStats {
             // Live bytes are part of the used bytes, whose peak the budget keeps exactly: a
             // live peak above it can only be the other threads' unpublished drift.
             peak_bytes: stats.peak_bytes.min(peak_used).max(stats.live_bytes),
-            used_bytes: core.budget.used(),
+            used_bytes: used,
             peak_used_bytes: peak_used,
             limit_bytes: core.limit_bytes(),
             physical_bytes: physical_bytes(),

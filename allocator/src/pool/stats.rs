@@ -169,8 +169,14 @@ impl Figures {
     /// are the used bytes whenever nothing is in flight, and a block a thread cycles
     /// through its own cache never changes the used bytes, so the bound is exact at rest
     /// and cuts the phantom bytes off while threads run.
+    /// The cached bytes are bounded by `used` too: blocks given back to the OS (a `trim`)
+    /// between the sum and the read of `used` leave the pool's books before the figure.
     pub(super) fn bound(&mut self, used: usize) {
-        self.room = used.saturating_sub(self.cached + self.thread_cached);
+        let over = (self.cached + self.thread_cached).saturating_sub(used);
+        let shared = over.min(self.cached);
+        self.cached -= shared;
+        self.thread_cached -= over - shared;
+        self.room = used - (self.cached + self.thread_cached);
     }
 
     /// Live bytes (0 while a free is counted before the allocation it frees), at most the
