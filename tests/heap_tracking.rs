@@ -180,6 +180,41 @@ fn a_reset_peak_is_not_raised_by_a_high_from_before_it() {
     assert_eq!(heap::stats().peak_bytes, start.live_bytes + (1 << 20));
 }
 
+/// A thread idle at a peak reset keeps its next excursion: its mark began before the
+/// reset, but everything it reaches after the reset counts towards the new peak (a 3 MB
+/// block allocated and freed after the reset, under the 4 MiB that publishes at once,
+/// was lost from the peak).
+fn an_excursion_after_a_reset_by_a_thread_idle_at_it_reaches_the_peak() {
+    use std::sync::mpsc::channel;
+    let (published_tx, published_rx) = channel();
+    let (go_tx, go_rx) = channel::<()>();
+    let (done_tx, done_rx) = channel();
+    let worker = std::thread::spawn(move || {
+        let _ = heap::stats(); // publishes this thread's tally: its mark starts here
+        published_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        drop(std::hint::black_box(vec![1u8; 3_000_000]));
+        let _ = heap::stats();
+        done_tx.send(()).unwrap();
+        // Stays alive: the peak must come from the publication above, not from an exit.
+        let (_, park) = channel::<()>();
+        let _ = park.recv_timeout(std::time::Duration::from_millis(200));
+    });
+    published_rx.recv().unwrap();
+    heap::reset_peak();
+    let reset = heap::stats();
+    go_tx.send(()).unwrap();
+    done_rx.recv().unwrap();
+    let after = heap::stats();
+    assert!(
+        after.peak_bytes >= reset.live_bytes + 3_000_000,
+        "peak {} after a 3 MB excursion on another thread, live {} at the reset",
+        after.peak_bytes,
+        reset.live_bytes
+    );
+    worker.join().unwrap();
+}
+
 /// A single thread sees an exact peak, even for blocks too small to make the thread
 /// publish its tally on their own (the module docs promise exact figures to one thread).
 fn peak_is_exact_for_small_blocks_on_one_thread() {
@@ -713,7 +748,7 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 17] = [
+    let tests: [(&str, fn()); 18] = [
         (
             "a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort",
             a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort,
@@ -741,6 +776,10 @@ fn main() {
         (
             "a_reset_peak_is_not_raised_by_a_high_from_before_it",
             a_reset_peak_is_not_raised_by_a_high_from_before_it,
+        ),
+        (
+            "an_excursion_after_a_reset_by_a_thread_idle_at_it_reaches_the_peak",
+            an_excursion_after_a_reset_by_a_thread_idle_at_it_reaches_the_peak,
         ),
         (
             "peak_is_exact_for_small_blocks_on_one_thread",

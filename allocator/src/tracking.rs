@@ -152,7 +152,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
     /// it (in `settle`) only after the inner allocator has the memory back.
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if TALLY.with(|t| t.freed(layout.size())) {
+        if TALLY.with(|t| t.freed(&LEDGER, layout.size())) {
             // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
             unsafe { self.inner.dealloc(ptr, layout) };
         } else {
@@ -177,7 +177,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
             // SAFETY: as above.
             return refuse(unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) });
         }
-        if !TALLY.with(|t| t.reallocated(old_size, new_size)) {
+        if !TALLY.with(|t| t.reallocated(&LEDGER, old_size, new_size)) {
             settle();
         }
         new_ptr

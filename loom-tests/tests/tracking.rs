@@ -45,7 +45,7 @@ fn alloc(tally: &Tally, books: &Books, held: &AtomicUsize, size: usize) -> bool 
 
 /// A free as `Tracking::dealloc` makes it: count it, give the memory back, settle.
 fn free(tally: &Tally, books: &Books, held: &AtomicUsize, size: usize) {
-    let fast = tally.freed(size);
+    let fast = tally.freed(books, size);
     held.fetch_sub(size, Ordering::SeqCst);
     if !fast {
         tally.settle(books);

@@ -458,8 +458,8 @@ impl Tally {
     /// Counts a free of `size` bytes and returns them to the cell; `false` when the
     /// thread must [`settle`](Tally::settle) (after the memory is given back).
     #[inline]
-    pub fn freed(&self, size: usize) -> bool {
-        let budget = self.note_low() + size as isize;
+    pub fn freed<const N: usize>(&self, ledger: &Ledger<N>, size: usize) -> bool {
+        let budget = self.note_low(ledger) + size as isize;
         self.budget.set(budget);
         let left = self.frees_left.get() - 1;
         self.frees_left.set(left);
@@ -520,9 +520,9 @@ impl Tally {
     /// (its growth taken before, as for an allocation); gives back a shrink. `false` when
     /// the thread must [`settle`](Tally::settle).
     #[inline]
-    pub fn reallocated(&self, old: usize, new: usize) -> bool {
+    pub fn reallocated<const N: usize>(&self, ledger: &Ledger<N>, old: usize, new: usize) -> bool {
         self.allocated.set(self.allocated.get() + new as u64);
-        let budget = self.note_low() + old.saturating_sub(new) as isize;
+        let budget = self.note_low(ledger) + old.saturating_sub(new) as isize;
         self.budget.set(budget);
         let reallocs = self.reallocs.get() + 1;
         self.reallocs.set(reallocs);
@@ -720,13 +720,30 @@ impl Tally {
     }
 
     /// Before the cell rises: notes its level as the low if it is one; returns the level.
+    ///
+    /// Between two rises the cell only falls (allocations take from it; refills move its
+    /// low with it), so its level now is the lowest it reached since the last rise. If the
+    /// peak was reset since (the reset count moved), the mark restarts from this level:
+    /// the highest the thread's live bytes reached after the reset, exactly, whenever in
+    /// that stretch the reset came. So a thread idle at a reset keeps its next excursion,
+    /// and a high from before a reset never reaches the new peak.
     #[inline(always)]
-    fn note_low(&self) -> isize {
+    fn note_low<const N: usize>(&self, ledger: &Ledger<N>) -> isize {
         let budget = self.budget.get();
-        if budget < self.low.get() {
+        let resets = ledger.live.resets();
+        if resets != self.epoch.get() {
+            self.restart_mark(budget, resets);
+        } else if budget < self.low.get() {
             self.low.set(budget);
         }
         budget
+    }
+
+    /// The mark restarts from `budget` in reset generation `resets`.
+    #[cold]
+    fn restart_mark(&self, budget: isize, resets: u64) {
+        self.epoch.set(resets);
+        self.low.set(budget);
     }
 
     /// Moves `bytes` of budget into (positive) or out of the cell, leaving the net alone.
@@ -832,7 +849,7 @@ mod tests {
     }
 
     fn free(tally: &Tally, ledger: &Ledger<4>, size: usize) {
-        if !tally.freed(size) {
+        if !tally.freed(ledger, size) {
             tally.settle(ledger);
         }
     }
