@@ -762,7 +762,9 @@ impl Tally {
         let high = if resets == self.epoch.get() {
             self.base.get() - self.low.get().min(budget)
         } else {
-            // The peak was reset since the mark began: its high may be from before.
+            // The peak was reset since the cell last rose ([`Tally::note_low`] restarts
+            // the mark at a rise): the cell has only fallen since, so its level now is
+            // the highest after the reset.
             net
         };
         self.base.set(budget);
