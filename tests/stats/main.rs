@@ -569,6 +569,39 @@ fn the_ring_never_grows_past_its_bound_and_recording_allocates_nothing() {
 }
 
 #[test]
+fn events_held_and_dropped_add_up_to_those_recorded_by_racing_threads() {
+    // Semantics §7: an event the ring does not hold is counted dropped, once. Four threads
+    // race for one slot, so events give way to older ones still being written, and later
+    // leave the window: such an event was counted twice.
+    if common::child::run_alone(common::test_name!(
+        events_held_and_dropped_add_up_to_those_recorded_by_racing_threads
+    )) {
+        return;
+    }
+    let per_thread = 20_000u64;
+    for capacity in [1, 2, 64] {
+        trace::start(capacity).unwrap();
+        let name = trace::intern(Space::Scope, "racing");
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for i in 0..per_thread {
+                        trace::record(EventKind::Alloc, Space::Scope, name, i, i);
+                    }
+                });
+            }
+        });
+        trace::stop();
+        let (held, dropped) = (trace::events().len() as u64, trace::dropped());
+        assert_eq!(
+            held + dropped,
+            4 * per_thread,
+            "capacity {capacity}: held {held} + dropped {dropped}"
+        );
+    }
+}
+
+#[test]
 fn ndmem_trace_writes_the_timeline_at_exit() {
     let path = std::env::temp_dir().join(format!("ndmem-trace-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&path);

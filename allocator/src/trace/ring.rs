@@ -110,11 +110,18 @@ impl Ring {
         self.start.load(Ordering::Acquire)
     }
 
-    /// Events of the current recording the ring does not hold: older than its window, or
-    /// given up ([`Ring::lost`]).
+    /// Events of the current recording the ring does not hold: those recorded less those
+    /// in the window that their slots hold, fully written. Each missing event counts
+    /// once, whether it is older than the window, gave way ([`Ring::lost`]; such an
+    /// event later leaves the window too, so a count of the two kinds added would count
+    /// it twice), or is being written. Reads every slot of the window.
     pub fn dropped(&self) -> u64 {
         let window = self.window();
-        window.start - self.start() + self.lost()
+        let held = window
+            .clone()
+            .filter(|&seq| self.read(seq).is_some())
+            .count() as u64;
+        (window.end - self.start()).saturating_sub(held)
     }
 
     /// The next sequence number.
@@ -267,6 +274,28 @@ mod tests {
         assert_eq!((ring.window(), ring.dropped()), (10..10, 0));
         assert_eq!(ring.push(event(10)), (10, true));
         assert_eq!((ring.window(), ring.dropped()), (10..11, 0));
+    }
+
+    #[test]
+    fn an_event_that_gave_way_and_then_left_the_window_is_dropped_once() {
+        let ring = Ring::new(1).unwrap();
+        // Sequence 0 is being written; event 1 gives way.
+        ring.mark(0, true);
+        ring.set_head(1);
+        assert_eq!(ring.push(event(1)), (1, false));
+        assert_eq!(
+            (ring.lost(), ring.dropped()),
+            (1, 2),
+            "0 in flight, 1 given up"
+        );
+        ring.mark(0, false);
+        // Event 2 takes the slot: 0 and 1 are older than the window, dropped once each.
+        assert_eq!(ring.push(event(2)), (2, true));
+        assert_eq!(ring.dropped(), 2);
+        for n in 3..10 {
+            ring.push(event(n));
+        }
+        assert_eq!(ring.dropped(), 9, "10 recorded, 1 held");
     }
 
     #[test]
