@@ -131,6 +131,7 @@ impl Ring {
     }
 
     /// Events given up because their slot was still being written with an older one.
+    #[cfg(any(test, ndmem_loom))]
     pub fn lost(&self) -> u64 {
         self.lost.load(Ordering::Relaxed)
     }
