@@ -417,9 +417,13 @@ pub fn record_pool(kind: EventKind, pool: usize, bytes: usize, held: usize) {
     }
 }
 
-/// Pools the lock-free table below names; later ones share the last name.
+/// Pools the lock-free table below names; later ones are named under the lock.
 const POOL_SLOTS: usize = 64;
-/// Addresses of the pools seen, in order (0: free); `POOL_IDS[i]` names `POOL_ADDRESSES[i]`.
+/// An address no pool has: the entry of a pool that was dropped (its events keep their
+/// name; a new pool at its address gets a new one).
+const RETIRED: usize = usize::MAX;
+/// Addresses of the pools seen, in order (0: free, [`RETIRED`]: dropped);
+/// `POOL_IDS[i]` names `POOL_ADDRESSES[i]`.
 static POOL_ADDRESSES: [AtomicUsize; POOL_SLOTS] = [const { AtomicUsize::new(0) }; POOL_SLOTS];
 static POOL_IDS: [AtomicU32; POOL_SLOTS] = [const { AtomicU32::new(0) }; POOL_SLOTS];
 
@@ -446,6 +450,20 @@ pub fn name_pool(pool: usize, name: &str) {
     let mut names = NAMES.write().unwrap_or_else(PoisonError::into_inner);
     if let Some(entry) = names.get_mut(id.0 as usize) {
         entry.1 = name.to_string();
+    }
+}
+
+/// The pool at `address` is gone: its entries retire, so that a pool made later at the
+/// same address is named anew (pool names are `pool #n` in order of first event, and the
+/// global pool's `global pool`), while the events recorded already keep the old name.
+pub(crate) fn forget_pool(address: usize) {
+    let mut pools = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+    for entry in pools.iter_mut().filter(|(a, _)| *a == address) {
+        entry.0 = RETIRED;
+    }
+    for slot in POOL_ADDRESSES.iter() {
+        // Under the lock: no `new_pool_name` fills a slot meanwhile.
+        let _ = slot.compare_exchange(address, RETIRED, Ordering::Release, Ordering::Relaxed);
     }
 }
 

@@ -894,6 +894,13 @@ fn config_failure(e: &ConfigError) -> AllocError {
     AllocError::Config(e.clone())
 }
 
+impl Drop for Core {
+    fn drop(&mut self) {
+        // The address that named this pool in the timeline may name another pool next.
+        crate::trace::forget_pool(self as *const Core as usize);
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         // Live blocks borrow the pool, so only the caches can remain, and no thread is
