@@ -221,7 +221,14 @@ fn draw(trace: &Trace, svg: &mut String) -> Result<(), Box<dyn std::error::Error
         trace.marks("oom"),
         trace.marks("transfer"),
     );
-    let end = trace.events.last().map_or(1.0, |e| e.time_ns as f64 / 1e6);
+    // The latest event, not the last one: a file whose events are out of order (edited,
+    // or joined from two recordings) would put points past the axis, which the plotting
+    // library cannot map.
+    let end = trace
+        .events
+        .iter()
+        .map(|e| e.time_ns as f64 / 1e6)
+        .fold(0.0f64, f64::max);
     let end = if end > 0.0 { end } else { 1.0 };
     let high = lines
         .iter()

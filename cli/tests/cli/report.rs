@@ -345,3 +345,25 @@ fn a_truncated_timeline_is_called_a_broken_timeline() {
     );
     assert!(!dir.join("cut.svg").exists());
 }
+
+#[test]
+fn a_timeline_whose_events_are_out_of_order_is_drawn() {
+    // The time axis ends at the latest event, not the last one listed: a point past the
+    // axis made the plotting library overflow (a panic in a debug build).
+    let dir = temp_dir("report-unordered-timeline");
+    let out = ndmem(
+        &dir,
+        &["--steps", "2", "--mode", "pool"],
+        &[("NDMEM_TRACE", "trace.json")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let whole = std::fs::read_to_string(dir.join("trace.json")).unwrap();
+    // The first event's time, far beyond every other.
+    let at = whole.find("\"time_ns\":").expect("an event") + "\"time_ns\":".len();
+    let end = at + whole[at..].find(',').unwrap();
+    let edited = format!("{}18446744073709551615{}", &whole[..at], &whole[end..]);
+    std::fs::write(dir.join("late.json"), edited).unwrap();
+    let out = ndmem(&dir, &["report", "late.json"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("late.svg").is_file());
+}
