@@ -75,11 +75,28 @@ impl HostCopy {
     }
 }
 
+/// A mirror of no bytes is refused as a device buffer of none is (an empty tensor's mirror,
+/// made inside the crate, holds one element's byte instead).
+fn refuse_empty(len: usize) -> Result<()> {
+    if len == 0 {
+        return Err(crate::Error::Alloc(
+            ndmem_alloc::AllocError::InvalidLayout {
+                size: 0,
+                align: 1,
+                reason: "a mirror holds at least 1 byte",
+            },
+        ));
+    }
+    Ok(())
+}
+
 impl Mirror {
     /// A zeroed buffer of `len` bytes on `device`, mirrored by `policy`. `Full` takes its
     /// device buffer now (zeroed on the device, no transfer) and its host copy on first
     /// host access; `HostOnly` takes pinned host memory only.
+    /// Zero bytes is `AllocError::InvalidLayout`, as a zero-byte device request.
     pub fn new(device: &Device, len: usize, policy: MirroringPolicy) -> Result<Mirror> {
+        refuse_empty(len)?;
         Mirror::make(device, len, policy, true)
     }
 
@@ -117,7 +134,9 @@ impl Mirror {
     }
 
     /// A buffer holding `data`, written on the host (the device side stale until used).
+    /// Empty `data` is `AllocError::InvalidLayout`, as a zero-byte device request.
     pub fn from_host(device: &Device, data: &[u8], policy: MirroringPolicy) -> Result<Mirror> {
+        refuse_empty(data.len())?;
         Mirror::from_host_with(device, data.len(), policy, |host| {
             host.copy_from_slice(data);
             Ok(())

@@ -331,3 +331,35 @@ fn a_refused_host_overwrite_keeps_the_device_data() {
     assert!(m.host().unwrap().iter().all(|b| *b == 7));
     assert_eq!(gpu.stats().dtoh_transfers, 1);
 }
+
+#[test]
+fn zero_byte_mirrors_and_pinned_buffers_are_refused_as_device_buffers_are() {
+    // Semantics §5.3-§5.5: a zero-byte request is AllocError::InvalidLayout; a mirror and a
+    // pinned buffer took one byte and then reported a length of 1.
+    let gpu = sim(0, 1 << 30);
+    let before = gpu.stats();
+    let refused = |r: Result<(), ndmem::Error>, what: &str| match r {
+        Err(ndmem::Error::Alloc(ndmem::alloc::AllocError::InvalidLayout { size: 0, .. })) => {}
+        other => panic!("{what}: {other:?}"),
+    };
+    refused(gpu.allocate(0).map(drop), "allocate(0)");
+    refused(gpu.allocate_pinned(0).map(drop), "allocate_pinned(0)");
+    for policy in [MirroringPolicy::Full, MirroringPolicy::HostOnly] {
+        refused(Mirror::new(&gpu, 0, policy).map(drop), "Mirror::new(0)");
+        refused(
+            Mirror::from_host(&gpu, &[], policy).map(drop),
+            "Mirror::from_host(&[])",
+        );
+    }
+    let after = gpu.stats();
+    assert_eq!(
+        (after.driver_allocations, after.pinned_allocations),
+        (before.driver_allocations, before.pinned_allocations)
+    );
+    // One byte is a buffer like any other.
+    assert_eq!(gpu.allocate_pinned(1).unwrap().len(), 1);
+    assert_eq!(
+        Mirror::new(&gpu, 1, MirroringPolicy::Full).unwrap().len(),
+        1
+    );
+}
