@@ -535,6 +535,25 @@ impl fmt::Debug for Event {
 }
 
 impl Inner {
+    /// The setting an out-of-memory error of this device names (its `variable`): the one
+    /// [`Device::limit_advice`] tells the user to raise for a limit of `limit` bytes.
+    pub(crate) fn limit_variable(&self, limit: usize) -> &'static str {
+        let setting = self.limit_setting.unwrap_or(ENV_MAX_DEVICE_BYTES);
+        if self.limit_given != DeviceLimit::Default {
+            return setting;
+        }
+        let host = self.host.pool();
+        if host.limits().0 != Some(limit) {
+            return setting; // the 90% side: a larger share is the setting's to give
+        }
+        let global = ndmem_alloc::Pool::try_global().is_ok_and(|g| std::ptr::eq(host, g));
+        host.max_bytes_knob().unwrap_or(if global {
+            ENV_MAX_BYTES
+        } else {
+            "the host pool's max_bytes"
+        })
+    }
+
     /// A ticket for the work queued so far (no driver call): [`Inner::wait_ticket`] waits
     /// for it.
     pub(crate) fn fence_ticket(&self) -> u64 {

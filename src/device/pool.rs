@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ndmem_alloc::counter::Budget;
-use ndmem_alloc::{AllocError, MemoryKind, Usage, ENV_MAX_DEVICE_BYTES};
+use ndmem_alloc::{AllocError, MemoryKind, Usage};
 
 use super::stats::{bump, usage_index};
 use super::{DeviceMemory, Inner};
@@ -249,7 +249,7 @@ impl Inner {
                             used: exhausted.used,
                             limit: exhausted.limit,
                             holders: self.counters.holders(),
-                            variable: ENV_MAX_DEVICE_BYTES,
+                            variable: self.limit_variable(exhausted.limit),
                             report: None,
                         };
                         // Which device refused, for the report's advice (simulated devices

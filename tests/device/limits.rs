@@ -429,6 +429,11 @@ fn the_advice_names_the_setting_that_gave_the_refusing_limit() {
     // 90% of the device is the smaller, and the setting that gave any other limit.
     use ndmem::alloc::{Limits, Pool};
     use ndmem::MemorySource;
+    // The error's `variable` field names the same setting as its advice.
+    let variable = |gpu: &ndmem::device::Device, bytes: usize| match gpu.allocate(bytes) {
+        Err(Error::Alloc(AllocError::OutOfMemory { variable, .. })) => variable,
+        other => panic!("{other:?}"),
+    };
     let refusal = |gpu: &ndmem::device::Device, bytes: usize| match gpu.allocate(bytes) {
         Err(e @ Error::Alloc(AllocError::OutOfMemory { .. })) => e.to_string(),
         other => panic!("{other:?}"),
@@ -441,6 +446,10 @@ fn the_advice_names_the_setting_that_gave_the_refusing_limit() {
             .host(small_host),
     )
     .unwrap();
+    assert_eq!(
+        variable(&follows_host, 2 << 20),
+        "the host pool's max_bytes"
+    );
     let text = refusal(&follows_host, 2 << 20);
     assert!(
         text.contains(
@@ -459,6 +468,7 @@ fn the_advice_names_the_setting_that_gave_the_refusing_limit() {
     )
     .unwrap();
     assert_eq!(share.limit(), Some(9 << 20));
+    assert_eq!(variable(&share, 10 << 20), "SimConfig::limit");
     let text = refusal(&share, 10 << 20);
     assert!(
         text.contains("the device's limit is 90% of its 10.0 MiB (now 9.00 MiB)")
@@ -472,6 +482,7 @@ fn the_advice_names_the_setting_that_gave_the_refusing_limit() {
             .limit(DeviceLimit::Bytes(1 << 20)),
     )
     .unwrap();
+    assert_eq!(variable(&given, 2 << 20), "SimConfig::limit");
     let text = refusal(&given, 2 << 20);
     assert!(
         text.contains("raise SimConfig::limit (now 1.00 MiB)"),
