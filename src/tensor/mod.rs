@@ -336,12 +336,12 @@ impl Tensor {
 
     /// A tensor copied from `data` with `shape` (row-major).
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Tensor> {
-        Self::from_slice_placed(data, shape, Placement::Auto(None))
+        Self::from_slice_placed("from_slice", data, shape, Placement::Auto(None))
     }
 
     /// A tensor copied from `data` (the vector is freed; tensor memory is ndmem's).
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
-        Self::from_slice(&data, shape)
+        Self::from_slice_placed("from_vec", &data, shape, Placement::Auto(None))
     }
 
     /// A tensor of zeros in pool memory from `source`, owned by its handles, whatever
@@ -360,7 +360,7 @@ impl Tensor {
     /// # Ok::<(), ndmem::Error>(())
     /// ```
     pub fn zeros_in(source: &MemorySource, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-        Self::full_in(source, dtype, shape, 0.0)
+        Self::full_in_named("zeros_in", source, dtype, shape, 0.0)
     }
 
     /// A tensor of `value`s in pool memory from `source` (see [`Tensor::zeros_in`]).
@@ -370,11 +370,22 @@ impl Tensor {
         shape: &[usize],
         value: f64,
     ) -> Result<Tensor> {
+        Self::full_in_named("full_in", source, dtype, shape, value)
+    }
+
+    /// [`Tensor::full_in`] as operation `op` (the name its errors give).
+    fn full_in_named(
+        op: &str,
+        source: &MemorySource,
+        dtype: DType,
+        shape: &[usize],
+        value: f64,
+    ) -> Result<Tensor> {
         let placement = Placement::Pool {
             source: *source,
             owner: None,
         };
-        Self::full_placed("full", dtype, shape, value, placement)
+        Self::full_placed(op, dtype, shape, value, placement)
     }
 
     /// A tensor copied from `data`, in pool memory from `source` (see
@@ -388,7 +399,7 @@ impl Tensor {
             source: *source,
             owner: None,
         };
-        Self::from_slice_placed(data, shape, placement)
+        Self::from_slice_placed("from_slice_in", data, shape, placement)
     }
 
     /// A tensor of `value`s owned by `owner`, in its source's pool memory.
@@ -416,7 +427,7 @@ impl Tensor {
             source: owner.source(),
             owner: Some(owner),
         };
-        Self::from_slice_placed(data, shape, placement)
+        Self::from_slice_placed("from_slice", data, shape, placement)
     }
 
     fn full_placed(
@@ -433,21 +444,22 @@ impl Tensor {
     }
 
     fn from_slice_placed<T: Element>(
+        op: &str,
         data: &[T],
         shape: &[usize],
         placement: Placement<'_>,
     ) -> Result<Tensor> {
-        let n = element_count("from_slice", shape, size_of::<T>())?;
+        let n = element_count(op, shape, size_of::<T>())?;
         if n != data.len() {
             return Err(Error::Shape {
-                op: "from_slice".into(),
+                op: op.into(),
                 message: format!(
                     "{} values cannot fill shape {shape:?} ({n} elements)",
                     data.len()
                 ),
             });
         }
-        Self::build::<T>("from_slice", shape, placement, |mut out| {
+        Self::build::<T>(op, shape, placement, |mut out| {
             out.as_slice_mut()
                 .expect("fresh outputs are contiguous")
                 .copy_from_slice(data);

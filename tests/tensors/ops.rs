@@ -222,6 +222,37 @@ fn mismatches_are_errors() {
 }
 
 #[test]
+fn a_constructors_errors_name_the_constructor_called() {
+    // Semantics "Errors": every message names what was wrong; zeros_in said `full`, and
+    // from_vec `from_slice`.
+    let source = ndmem::MemorySource::new(ndmem::alloc::Pool::new(
+        ndmem::alloc::Limits::builder().build(),
+    ));
+    let op = |r: Result<Tensor, Error>| match r {
+        Err(Error::Shape { op, .. }) => op,
+        other => panic!("{other:?}"),
+    };
+    let huge = [usize::MAX, 2];
+    assert_eq!(op(Tensor::zeros(DType::F32, &huge)), "zeros");
+    assert_eq!(op(Tensor::zeros_in(&source, DType::F32, &huge)), "zeros_in");
+    assert_eq!(
+        op(Tensor::full_in(&source, DType::F32, &huge, 1.0)),
+        "full_in"
+    );
+    assert_eq!(op(Tensor::from_vec(vec![1.0f32; 3], &[2, 2])), "from_vec");
+    assert_eq!(op(Tensor::from_slice(&[1.0f32; 3], &[2, 2])), "from_slice");
+    assert_eq!(
+        op(Tensor::from_slice_in(&source, &[1.0f32; 3], &[2, 2])),
+        "from_slice_in"
+    );
+    let message = Tensor::from_vec(vec![1.0f32; 3], &[2, 2])
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("from_vec"), "{message}");
+    assert_eq!(source.pool().stats().live_bytes, 0, "nothing was allocated");
+}
+
+#[test]
 fn in_place_updates_need_the_only_handle() {
     let mut w = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
     let g = Tensor::from_slice(&[10.0f32, 20.0, 30.0], &[3]).unwrap();
