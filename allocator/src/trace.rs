@@ -648,9 +648,16 @@ fn escape(text: &str) -> String {
     out
 }
 
-/// Writes [`to_json`] to `path`.
+/// Writes [`to_json`] to `path`. An error keeps the system's kind and names the path
+/// (`cannot write the timeline to PATH: ...`).
 pub fn dump(path: impl AsRef<Path>) -> std::io::Result<()> {
-    std::fs::write(path, to_json())
+    let path = path.as_ref();
+    std::fs::write(path, to_json()).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot write the timeline to {}: {e}", path.display()),
+        )
+    })
 }
 
 // ---- NDMEM_TRACE ------------------------------------------------------------------------
@@ -718,7 +725,7 @@ fn env_path() -> Result<Option<PathBuf>, ConfigError> {
 extern "C" fn write_at_exit() {
     if let Some(Ok(Some(path))) = ENV_PATH.get() {
         stop();
-        if let Err(e) = dump(path) {
+        if let Err(e) = std::fs::write(path, to_json()) {
             eprintln!("ndmem: cannot write {ENV_TRACE}={}: {e}", path.display());
         }
     }

@@ -635,6 +635,23 @@ fn a_pool_made_where_a_dropped_one_was_gets_a_name_of_its_own() {
 }
 
 #[test]
+fn a_timeline_that_cannot_be_written_says_where() {
+    let _lock = trace_lock();
+    let dir = std::env::temp_dir();
+    let err = trace::dump(&dir).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.starts_with("cannot write the timeline to ")
+            && message.contains(&dir.display().to_string()),
+        "{message}"
+    );
+    let missing = dir.join("ndmem-no-such-dir").join("t.json");
+    let err = trace::dump(&missing).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    assert!(err.to_string().contains("ndmem-no-such-dir"), "{err}");
+}
+
+#[test]
 fn ndmem_trace_writes_the_timeline_at_exit() {
     let path = std::env::temp_dir().join(format!("ndmem-trace-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&path);
