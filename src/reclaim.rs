@@ -193,22 +193,55 @@ pub(crate) fn defer_with(bytes: usize, free: impl FnOnce() + Send + 'static) {
     }
 }
 
+/// Rounds without progress after which [`collect`] stops: two epoch advances release what
+/// was deferred, so a few rounds that free nothing mean a thread still pinned holds it back.
+const IDLE_ROUNDS: u32 = 4;
+
+/// The most rounds one [`collect`] makes (each frees a few batches of deferred frees; this
+/// many drain millions of them).
+const MAX_ROUNDS: u32 = 1 << 20;
+
+/// How long the pools' reclaimer ([`collect_at_limit`]) keeps collecting while frees are
+/// pending, before its pool refuses a request at its limit (as the device pools wait).
+const LIMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Forces pending frees: advances the epoch until everything deferred is released or a
 /// thread still pinned holds it back (the `invokeGc` of this runtime). Returns the bytes
 /// freed by this call.
+///
+/// Each advance frees a few batches of what is queued (every free is its own batch, so
+/// that a loop gets its blocks back soon), so it goes on as long as a round frees
+/// something, and stops after [`IDLE_ROUNDS`] rounds that free nothing.
 pub fn collect() -> usize {
     let before = PENDING.load(Ordering::Relaxed);
     drain_parked();
-    // Two epoch advances release what was deferred; a few more rounds drain the queues.
-    for _ in 0..16 {
-        if PENDING.load(Ordering::Relaxed) == 0 {
-            break;
-        }
+    let mut last = PENDING.load(Ordering::Relaxed);
+    let mut idle = 0;
+    let mut rounds = 0;
+    while last > 0 && idle < IDLE_ROUNDS && rounds < MAX_ROUNDS {
         let guard = epoch::pin();
         guard.flush();
         drop(guard);
+        let now = PENDING.load(Ordering::Relaxed);
+        idle = if now < last { 0 } else { idle + 1 };
+        last = now;
+        rounds += 1;
     }
-    before.saturating_sub(PENDING.load(Ordering::Relaxed))
+    before.saturating_sub(last)
+}
+
+/// The pools' reclaimer: [`collect`], again and again while frees are pending, for at most
+/// [`LIMIT_WAIT`]. A thread pinned for the length of one operation (every op pins, and so
+/// does every free) holds the epoch back for a moment only; one `collect` that met such a
+/// pin freed nothing, and the pool refused a request whose bytes were only waiting.
+fn collect_at_limit() -> usize {
+    let deadline = std::time::Instant::now() + LIMIT_WAIT;
+    let mut freed = collect();
+    while PENDING.load(Ordering::Relaxed) > 0 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+        freed += collect();
+    }
+    freed
 }
 
 /// Bytes of tensor memory waiting to be freed.
@@ -224,6 +257,6 @@ pub(crate) fn register_with(pool: &'static Pool) {
     let key = pool as *const Pool as usize;
     if !registered.contains(&key) {
         registered.push(key);
-        pool.register_reclaimer(collect);
+        pool.register_reclaimer(collect_at_limit);
     }
 }

@@ -169,3 +169,81 @@ fn an_op_at_the_limit_collects_frees_deferred_just_before_it() {
     reclaim::collect();
     assert_eq!(live(&source), 0);
 }
+
+#[test]
+fn one_collect_frees_every_pending_block_once_no_thread_is_pinned() {
+    // Semantics §6: collect() forces pending frees; only a thread still pinned holds some
+    // back. Each free is its own batch and an epoch advance frees a few batches: one
+    // collect stopped after 16 advances, with 1.25 MiB of 200 blocks still waiting, and
+    // the pool refused a request those bytes would have served.
+    if run_alone(test_name!(
+        one_collect_frees_every_pending_block_once_no_thread_is_pinned
+    )) {
+        return;
+    }
+    const LIMIT: usize = 4 << 20;
+    let source = private(Some(LIMIT));
+    let (pinned_tx, pinned_rx) = channel();
+    let (release_tx, release_rx) = channel::<()>();
+    let pinner = std::thread::spawn(move || {
+        let pin = reclaim::pin();
+        pinned_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        drop(pin);
+    });
+    pinned_rx.recv().unwrap();
+    for _ in 0..200 {
+        drop(Tensor::zeros_in(&source, DType::U8, &[16 << 10]).unwrap());
+    }
+    assert!(
+        reclaim::pending_bytes() >= 200 * (16 << 10),
+        "held back by the pin"
+    );
+    release_tx.send(()).unwrap();
+    pinner.join().unwrap();
+    // Nothing is live and nobody is pinned: a request near the limit fits.
+    let big = Tensor::zeros_in(&source, DType::U8, &[3584 << 10]);
+    assert!(big.is_ok(), "{:?}", big.map(drop));
+    drop(big);
+    reclaim::collect();
+    assert_eq!(reclaim::pending_bytes(), 0, "one collect frees everything");
+}
+
+#[test]
+fn threads_that_pin_for_a_moment_do_not_make_the_limit_refuse_waiting_bytes() {
+    // Semantics §1: an allocation is refused only when the bytes truly are live. Eight
+    // threads each allocate a 16 KiB tensor, add a scalar and drop both, 3000 times, on an
+    // 8 MiB pool (at most 256 KiB live at once); every op and free pins for a moment, and
+    // a pool at its limit met one of those pins and refused (every run).
+    if run_alone(test_name!(
+        threads_that_pin_for_a_moment_do_not_make_the_limit_refuse_waiting_bytes
+    )) {
+        return;
+    }
+    let source = private(Some(8 << 20));
+    let refusals = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for _ in 0..3000 {
+                    match Tensor::zeros_in(&source, DType::F32, &[4 << 10])
+                        .and_then(|t| t.add_scalar(1.0))
+                    {
+                        Ok(t) => drop(t),
+                        Err(e) => {
+                            refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            eprintln!("{e}");
+                        }
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(
+        refusals.into_inner(),
+        0,
+        "refused while the bytes were only waiting"
+    );
+    reclaim::collect();
+    assert_eq!(live(&source), 0);
+}
