@@ -211,7 +211,7 @@ const LIMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 ///
 /// Each advance frees a few batches of what is queued (every free is its own batch, so
 /// that a loop gets its blocks back soon), so it goes on as long as a round frees
-/// something, and stops after [`IDLE_ROUNDS`] rounds that free nothing.
+/// something, and stops after a few rounds that free nothing.
 pub fn collect() -> usize {
     let before = PENDING.load(Ordering::Relaxed);
     drain_parked();
