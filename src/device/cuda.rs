@@ -29,8 +29,8 @@ pub(crate) struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     compute: super::kernels::Compute,
-    /// The stream a graph capture under way records on (`None`: no capture).
-    capturing: Mutex<Option<Arc<CudaStream>>>,
+    /// The thread capturing a graph and the stream it records on (`None`: no capture).
+    capturing: Mutex<Option<(std::thread::ThreadId, Arc<CudaStream>)>>,
     /// Whether `capturing` holds a stream, so a launch outside a capture takes no lock.
     capture_on: std::sync::atomic::AtomicBool,
 }
@@ -298,15 +298,21 @@ impl Cuda {
         &self.stream
     }
 
-    /// The stream kernels and cuBLAS go to now: the capture's while one is under way.
+    /// The stream kernels and cuBLAS go to now: the capture's on the capturing thread while
+    /// one is under way, the device's otherwise. (Another thread's operation is refused
+    /// during a capture when it checks its operands; one that passed that check just before
+    /// the capture began runs on the device's stream, never into the graph.)
     pub(crate) fn launch_stream(&self) -> Arc<CudaStream> {
         if !self.capture_on.load(std::sync::atomic::Ordering::Acquire) {
             return Arc::clone(&self.stream);
         }
+        let me = std::thread::current().id();
         self.capturing
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .as_ref()
+            .filter(|(thread, _)| *thread == me)
+            .map(|(_, stream)| Arc::clone(stream))
             .unwrap_or_else(|| Arc::clone(&self.stream))
     }
 
@@ -314,6 +320,7 @@ impl Cuda {
     /// on a stream of its own that first waits for the work queued so far.
     pub(crate) fn begin_capture(&self) -> Result<()> {
         self.bind()?;
+        self.warm_up();
         let stream = self
             .ctx
             .new_stream()
@@ -327,7 +334,7 @@ impl Cuda {
         *self
             .capturing
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(stream);
+            .unwrap_or_else(PoisonError::into_inner) = Some((std::thread::current().id(), stream));
         self.capture_on
             .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
@@ -343,7 +350,7 @@ impl Cuda {
             .take();
         self.capture_on
             .store(false, std::sync::atomic::Ordering::Release);
-        let Some(stream) = stream else {
+        let Some((_, stream)) = stream else {
             return Ok(None);
         };
         let graph = stream

@@ -176,6 +176,37 @@ pub(crate) enum Arg {
 }
 
 impl Cuda {
+    /// Loads the kernels and makes the cuBLAS handle now, if they are not yet: before a
+    /// graph capture begins, since neither can be made on a capturing thread (creating a
+    /// cuBLAS handle allocates device memory, and loading a module is refused during a
+    /// capture by drivers before 12.3), and a failure is kept for the device's life.
+    /// Failures are left for the operation that needs them to report.
+    pub(crate) fn warm_up(&self) {
+        let _ = self.kernels();
+        drop(self.blas());
+    }
+
+    /// The cuBLAS handle, made on first use (or why there is none), under its lock.
+    fn blas(&self) -> std::sync::MutexGuard<'_, Option<std::result::Result<CudaBlas, String>>> {
+        let mut guard = self
+            .compute()
+            .blas
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if guard.is_none() {
+            // SAFETY: only tries to open the cuBLAS library by its usual names.
+            let present = unsafe { cudarc::cublas::sys::is_culib_present() };
+            *guard = Some(if present {
+                std::panic::catch_unwind(|| CudaBlas::new(self.stream().clone()))
+                    .map_err(|_| "the cuBLAS library lacks a required function".to_string())
+                    .and_then(|r| r.map_err(|e| format!("creating a cuBLAS handle: {e:?}")))
+            } else {
+                Err("no cuBLAS library found (libcublas.so could not be loaded)".into())
+            });
+        }
+        guard
+    }
+
     fn kernels(&self) -> Result<&Kernels> {
         self.compute()
             .kernels
@@ -279,22 +310,7 @@ impl Cuda {
         let to_i32 =
             |d: usize| i32::try_from(d).map_err(|_| err(format!("matmul: {d} exceeds i32")));
         let (m, k, n) = (to_i32(m)?, to_i32(k)?, to_i32(n)?);
-        let mut guard = self
-            .compute()
-            .blas
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if guard.is_none() {
-            // SAFETY: only tries to open the cuBLAS library by its usual names.
-            let present = unsafe { cudarc::cublas::sys::is_culib_present() };
-            *guard = Some(if present {
-                std::panic::catch_unwind(|| CudaBlas::new(self.stream().clone()))
-                    .map_err(|_| "the cuBLAS library lacks a required function".to_string())
-                    .and_then(|r| r.map_err(|e| format!("creating a cuBLAS handle: {e:?}")))
-            } else {
-                Err("no cuBLAS library found (libcublas.so could not be loaded)".into())
-            });
-        }
+        let guard = self.blas();
         let blas = match guard.as_ref() {
             Some(Ok(blas)) => blas,
             Some(Err(message)) => return Err(err(message.clone())),
