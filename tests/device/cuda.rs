@@ -3,17 +3,32 @@
 //! and nothing panics (semantics §5).
 
 use ndmem::device::{self, DeviceMemory, DeviceWorkspace, Mirror};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use ndmem::{Error, MirroringPolicy, WorkspaceConfig};
 
-/// CUDA device 0, or `None` after printing why the test is skipped.
-fn gpu() -> Option<ndmem::Device> {
+/// Held by each test while it uses the GPU: `device::cuda(0)` is one device for the
+/// whole process (a simulated device is new for each test), so tests that count its
+/// transfers and driver allocations, or capture a graph on it, must not overlap.
+static GPU: Mutex<()> = Mutex::new(());
+
+/// CUDA device 0 and the GPU lock, or `None` after printing why the test is skipped.
+fn gpu() -> Option<(MutexGuard<'static, ()>, ndmem::Device)> {
+    let lock = GPU.lock().unwrap_or_else(PoisonError::into_inner);
     match device::cuda(0) {
-        Ok(d) => Some(d),
+        Ok(d) => Some((lock, d)),
         Err(e) => {
             eprintln!("skipped: {e}");
             None
         }
     }
+}
+
+/// Whether this test ran in a process of its own (the caller then returns): with a driver
+/// present, a test that counts driver allocations runs alone, since another test's thread
+/// holding the epoch pinned keeps deferred frees from reaching the cache in time.
+fn ran_alone(test: &str) -> bool {
+    device::cuda_driver_present() && crate::common::child::run_alone(test)
 }
 
 #[test]
@@ -33,7 +48,9 @@ fn without_a_driver_opening_a_device_is_no_device() {
 
 #[test]
 fn opening_twice_gives_the_same_device_and_a_limit_within_its_memory() {
-    let Some(gpu) = gpu() else { return };
+    let Some((_gpu_lock, gpu)) = gpu() else {
+        return;
+    };
     assert_eq!(device::cuda(0).unwrap(), gpu);
     let info = gpu.memory_info().unwrap();
     assert!(info.total > 0 && info.free <= info.total);
@@ -46,7 +63,9 @@ fn opening_twice_gives_the_same_device_and_a_limit_within_its_memory() {
 
 #[test]
 fn round_trips_through_staging_and_pinned_memory() {
-    let Some(gpu) = gpu() else { return };
+    let Some((_gpu_lock, gpu)) = gpu() else {
+        return;
+    };
     let n = device::STAGING_BYTES + 4097;
     let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
     let mut buffer = gpu.allocate(n).unwrap();
@@ -66,7 +85,9 @@ fn round_trips_through_staging_and_pinned_memory() {
 
 #[test]
 fn mirrors_copy_only_stale_sides_on_the_gpu() {
-    let Some(gpu) = gpu() else { return };
+    let Some((_gpu_lock, gpu)) = gpu() else {
+        return;
+    };
     let before = gpu.stats();
     let mut m = Mirror::from_host(&gpu, &[3u8; 1 << 16], MirroringPolicy::Full).unwrap();
     let _ = m.device().unwrap();
@@ -93,7 +114,14 @@ fn mirrors_copy_only_stale_sides_on_the_gpu() {
 
 #[test]
 fn a_learned_workspace_asks_the_driver_for_nothing() {
-    let Some(gpu) = gpu() else { return };
+    if ran_alone(crate::common::test_name!(
+        a_learned_workspace_asks_the_driver_for_nothing
+    )) {
+        return;
+    }
+    let Some((_gpu_lock, gpu)) = gpu() else {
+        return;
+    };
     let mut ws = DeviceWorkspace::new(&gpu, "CUDA_LOOP", &WorkspaceConfig::default()).unwrap();
     let step = |ws: &mut DeviceWorkspace| {
         let cycle = ws.enter();
@@ -119,7 +147,9 @@ fn a_learned_workspace_asks_the_driver_for_nothing() {
 #[test]
 fn kernels_and_cublas_match_the_simulated_device() {
     use ndmem::device::{BinaryOp, Device, DeviceBuffer, UnaryOp};
-    let Some(gpu) = gpu() else { return };
+    let Some((_gpu_lock, gpu)) = gpu() else {
+        return;
+    };
     let sim = crate::sim(0, 1 << 30);
     let (m, k, n) = (37usize, 129usize, 65usize);
     let a: Vec<f32> = (0..m * k)
@@ -182,7 +212,14 @@ fn kernels_and_cublas_match_the_simulated_device() {
 #[test]
 fn a_training_step_on_the_gpu_matches_the_cpu_and_transfers_only_batch_and_loss() {
     use crate::tensors::{batch, Mlp};
-    let Some(gpu) = gpu() else { return };
+    if ran_alone(crate::common::test_name!(
+        a_training_step_on_the_gpu_matches_the_cpu_and_transfers_only_batch_and_loss
+    )) {
+        return;
+    }
+    let Some((_gpu_lock, gpu)) = gpu() else {
+        return;
+    };
     let mut host = Mlp::new(None);
     let mut dev = Mlp::new(Some(&gpu));
     let steps = 200;
@@ -217,7 +254,9 @@ fn a_training_step_on_the_gpu_matches_the_cpu_and_transfers_only_batch_and_loss(
 #[test]
 fn a_captured_graph_replays_kernels_and_cublas_as_launched() {
     use ndmem::device::{BinaryOp, UnaryOp};
-    let Some(gpu) = gpu() else { return };
+    let Some((_gpu_lock, gpu)) = gpu() else {
+        return;
+    };
     let (m, k, n) = (8, 5, 3);
     let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
     let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5).collect();
