@@ -52,6 +52,10 @@ pub struct Mirror {
     writes: u64,
     host_stamp: u64,
     device_stamp: u64,
+    /// A `HostOnly` mirror's memory was handed to the device since the host last waited
+    /// for it: device work is queued, so the host waits for the device before it reads or
+    /// writes the bytes (they are the same bytes, and the device's work is asynchronous).
+    device_used: bool,
 }
 
 enum HostCopy {
@@ -130,6 +134,7 @@ impl Mirror {
             writes: 0,
             host_stamp: 0,
             device_stamp: 0,
+            device_used: false,
         })
     }
 
@@ -213,7 +218,26 @@ impl Mirror {
         }
     }
 
+    /// A `HostOnly` mirror whose memory the device may still be using: waits for the
+    /// device's queued work first (semantics §5.5: stale bytes are never read, and a
+    /// host write never races a kernel still reading).
+    fn wait_for_device(&mut self) -> Result<()> {
+        if self.device_used {
+            self.device.synchronize()?;
+            self.device_used = false;
+        }
+        Ok(())
+    }
+
+    /// Notes that the device is handed this mirror's memory (see `device_used`).
+    fn lend_to_device(&mut self) {
+        if self.host_only() {
+            self.device_used = true;
+        }
+    }
+
     fn make_host_current(&mut self) -> Result<()> {
+        self.wait_for_device()?;
         if self.host_only() || self.host_stamp == self.writes {
             return Ok(());
         }
@@ -274,6 +298,7 @@ impl Mirror {
     /// Writes every byte on the host without reading: no copy is made first, whatever is
     /// stale; the caller overwrites all of it. The device side is stale afterwards.
     pub fn host_overwrite(&mut self) -> Result<&mut [u8]> {
+        self.wait_for_device()?;
         // The host copy first: a refused one leaves the newest bytes where they are.
         self.host_copy()?;
         self.wrote_host();
@@ -284,6 +309,7 @@ impl Mirror {
     /// Reads on the device: copies from the host first if the device side is stale.
     pub fn device(&mut self) -> Result<MirrorDevice<'_>> {
         self.make_device_current()?;
+        self.lend_to_device();
         Ok(MirrorDevice {
             range: self.range(),
             _mirror: PhantomData,
@@ -294,6 +320,7 @@ impl Mirror {
     /// stale; the host side is stale afterwards.
     pub fn device_mut(&mut self) -> Result<MirrorDeviceMut<'_>> {
         self.make_device_current()?;
+        self.lend_to_device();
         self.wrote_device();
         Ok(MirrorDeviceMut {
             range: self.range(),
@@ -304,6 +331,7 @@ impl Mirror {
     /// Writes every byte on the device without reading: no copy first. The host side is
     /// stale afterwards.
     pub fn device_overwrite(&mut self) -> MirrorDeviceMut<'_> {
+        self.lend_to_device();
         self.wrote_device();
         MirrorDeviceMut {
             range: self.range(),
@@ -361,6 +389,7 @@ impl Mirror {
             writes: 1,
             host_stamp: 0,
             device_stamp: 1,
+            device_used: false,
         })
     }
 
@@ -370,6 +399,7 @@ impl Mirror {
         if access != HostAccess::Overwrite {
             self.make_host_current()?;
         } else {
+            self.wait_for_device()?;
             // The host copy before the stamp: a refused one leaves the newest bytes where
             // they are.
             self.host_copy()?;
@@ -385,6 +415,7 @@ impl Mirror {
     /// stale afterwards). Valid for the mirror's life.
     pub(crate) fn device_ptr(&mut self, write: bool) -> Result<u64> {
         self.make_device_current()?;
+        self.lend_to_device();
         if write {
             self.wrote_device();
         }

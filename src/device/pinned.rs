@@ -21,6 +21,11 @@ use super::{Device, DeviceMemory, Inner};
 use crate::error::Result;
 
 /// Page-locked host memory of a device, mapped into its address space.
+///
+/// The device reads and writes it in place, and device work is asynchronous: before the
+/// host reads what a device operation wrote, or writes what one may still read, wait for
+/// the device ([`Device::synchronize`], or an event recorded after the work). A
+/// `HostOnly` [`Mirror`](super::Mirror) waits by itself.
 pub struct PinnedBuffer {
     device: Arc<Inner>,
     ptr: *mut u8,

@@ -363,3 +363,41 @@ fn zero_byte_mirrors_and_pinned_buffers_are_refused_as_device_buffers_are() {
         1
     );
 }
+
+#[test]
+fn a_host_only_mirror_waits_for_the_device_before_the_host_touches_it() {
+    // Semantics §5.5: stale bytes are never read. A HostOnly mirror's memory is the same
+    // for both sides, and device work is asynchronous: after the device was handed it,
+    // the host waits for the device once before reading or writing; the host's own reads
+    // and writes wait for nothing, and a Full mirror's copies wait by themselves.
+    let gpu = sim(0, 1 << 30);
+    let mut m = Mirror::new(&gpu, 64, MirroringPolicy::HostOnly).unwrap();
+    let syncs = |gpu: &ndmem::Device| gpu.stats().synchronizations;
+    let start = syncs(&gpu);
+    m.host_mut().unwrap().fill(1);
+    assert_eq!(m.host().unwrap()[0], 1);
+    assert_eq!(syncs(&gpu), start, "no device work: no wait");
+    {
+        let mut d = m.device_mut().unwrap();
+        gpu.fill(&mut d, 2).unwrap();
+    }
+    assert_eq!(m.host().unwrap()[0], 2);
+    assert_eq!(syncs(&gpu), start + 1, "one wait after the device wrote");
+    assert_eq!(m.host().unwrap()[0], 2);
+    assert_eq!(syncs(&gpu), start + 1, "and only one");
+    let _ = m.device().unwrap();
+    m.host_overwrite().unwrap().fill(3);
+    assert_eq!(
+        syncs(&gpu),
+        start + 2,
+        "a host write waits for a device read"
+    );
+    let mut full = Mirror::new(&gpu, 64, MirroringPolicy::Full).unwrap();
+    let _ = full.device_mut().unwrap();
+    let _ = full.host().unwrap();
+    assert_eq!(
+        syncs(&gpu),
+        start + 2,
+        "a Full mirror's download waits by itself"
+    );
+}
