@@ -434,6 +434,8 @@ impl GraphMemory {
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.end_capture().map(GraphInner::Cuda),
         };
+        // Frees that came due on this thread during the capture run now.
+        inner.release_held_frees();
         let value = match outcome {
             Err(e) => return Err(e),
             Ok(Err(panic)) => std::panic::resume_unwind(panic),

@@ -140,6 +140,10 @@ pub(crate) struct Inner {
     /// lock.
     capture: Mutex<Option<graph::Capture>>,
     capturing: std::sync::atomic::AtomicBool,
+    /// Deferred frees of this device's memory that came due on the thread capturing a
+    /// graph on it, which may make no driver call that waits or frees (it would end the
+    /// capture, and the memory would leak): run when the capture ends.
+    held_frees: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
 }
 
 impl fmt::Debug for Inner {
@@ -360,6 +364,7 @@ impl Device {
                 limit_setting: setting,
                 capture: Mutex::new(None),
                 capturing: std::sync::atomic::AtomicBool::new(false),
+                held_frees: Mutex::new(Vec::new()),
             }),
         }))
     }
@@ -535,6 +540,33 @@ impl fmt::Debug for Event {
 }
 
 impl Inner {
+    /// Runs `free` (a deferred free of this device's memory: a fence wait and a driver
+    /// free or a return to the cache) now, or, on the thread capturing a graph on this
+    /// device, when the capture ends.
+    pub(crate) fn free_or_hold(&self, free: impl FnOnce() + Send + 'static) {
+        if self.capturing_here() {
+            self.held_frees
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Box::new(free));
+        } else {
+            free();
+        }
+    }
+
+    /// Runs the frees held during a capture (see `held_frees`); the capture has ended.
+    pub(crate) fn release_held_frees(&self) {
+        let held = std::mem::take(
+            &mut *self
+                .held_frees
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for free in held {
+            free();
+        }
+    }
+
     /// The setting an out-of-memory error of this device names (its `variable`): the one
     /// [`Device::limit_advice`] tells the user to raise for a limit of `limit` bytes.
     pub(crate) fn limit_variable(&self, limit: usize) -> &'static str {

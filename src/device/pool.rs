@@ -155,12 +155,15 @@ impl Drop for DeviceBuffer {
             .deferred
             .fetch_add(capacity, std::sync::atomic::Ordering::Relaxed);
         crate::reclaim::defer_with(capacity, move || {
-            let passed = device.wait_ticket(ticket);
-            device.give_back(ptr, capacity, class, usage, passed);
-            device
-                .counters
-                .deferred
-                .fetch_sub(capacity, std::sync::atomic::Ordering::Relaxed);
+            let holder = Arc::clone(&device);
+            holder.free_or_hold(move || {
+                let passed = device.wait_ticket(ticket);
+                device.give_back(ptr, capacity, class, usage, passed);
+                device
+                    .counters
+                    .deferred
+                    .fetch_sub(capacity, std::sync::atomic::Ordering::Relaxed);
+            });
         });
     }
 }
@@ -325,6 +328,10 @@ impl Inner {
 
     /// Gives every cached buffer back to the driver; returns the bytes released.
     pub(crate) fn trim(&self) -> usize {
+        if self.capturing_here() {
+            // No driver frees inside a capture (they would end it).
+            return 0;
+        }
         let mut released = 0;
         for index in 0..CLASSES {
             let drained: Vec<u64> = std::mem::take(&mut *self.pool.class(index));

@@ -204,3 +204,32 @@ fn a_panic_inside_a_capture_ends_it() {
     });
     assert!(mem.capture(|_| Ok(())).is_ok());
 }
+
+#[test]
+fn frees_that_come_due_on_the_capturing_thread_wait_for_the_capture_to_end() {
+    // Semantics §5.9: nothing but device operations inside a capture. A deferred free of
+    // device memory runs on whichever thread flushes the epoch; on the capturing thread
+    // its fence wait and driver free would end a CUDA capture (and the memory would
+    // leak), so it is held until the capture ends, then done.
+    let gpu = sim(0, 64 << 20);
+    let mut mem = gpu.graph_memory(1 << 16).unwrap();
+    let x = mem.floats(16).unwrap();
+    let y = mem.floats(16).unwrap();
+    let outside = gpu.allocate(4096).unwrap();
+    let (graph, held) = mem
+        .capture(|m| {
+            drop(outside);
+            for _ in 0..8 {
+                ndmem::reclaim::collect();
+            }
+            let held = m.device().stats().deferred_bytes;
+            let dev = m.device().clone();
+            let ([xr], mut yr) = m.operands([x], y)?;
+            dev.unary_f32(UnaryOp::Relu, &xr, &mut yr, 16)?;
+            Ok(held)
+        })
+        .unwrap();
+    assert_eq!(graph.ops(), 1);
+    assert_eq!(held, 4096, "the free came due in the capture and was held");
+    assert_eq!(gpu.stats().deferred_bytes, 0, "done once the capture ended");
+}
