@@ -502,10 +502,9 @@ impl Device {
                     return Ok(());
                 }
                 if k == 0 {
-                    self.inner
-                        .refuse_while_capturing("an empty matrix product (a memset)")?;
+                    // Zeros, as the simulated device writes them, captured like a kernel.
                     // SAFETY: a checked live range of `m * n` floats, borrowed exclusively.
-                    return unsafe { self.inner.backend.memset(cp, 0, m * n * 4) };
+                    return unsafe { cuda.memset_launched(cp, 0, m * n * 4) };
                 }
                 // SAFETY: the ranges hold the floats the dimensions say (checked above).
                 unsafe { cuda.sgemm(ap, bp, cp, m, k, n, trans_a, trans_b) }

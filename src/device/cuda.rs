@@ -218,6 +218,23 @@ impl Cuda {
         unsafe { result::memset_d8_sync(dst, value, bytes) }.map_err(|e| self.err("cuMemsetD8", e))
     }
 
+    /// Sets `bytes` of device memory to `value` on the stream kernels go to (a capture's,
+    /// on the capturing thread): ordered with the kernels, and capturable.
+    ///
+    /// # Safety
+    /// `dst` is device memory of this context writable for `bytes` bytes until the memset
+    /// has run.
+    pub(crate) unsafe fn memset_launched(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let stream = self.launch_stream();
+        // SAFETY: by the caller's contract; the stream is a live stream of this context.
+        unsafe { result::memset_d8_async(dst, value, bytes, stream.cu_stream()) }
+            .map_err(|e| self.err("cuMemsetD8Async", e))
+    }
+
     /// Waits for all work queued on the device.
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.stream
