@@ -82,16 +82,7 @@ impl HostCopy {
 /// A mirror of no bytes is refused as a device buffer of none is (an empty tensor's mirror,
 /// made inside the crate, holds one element's byte instead).
 fn refuse_empty(len: usize) -> Result<()> {
-    if len == 0 {
-        return Err(crate::Error::Alloc(
-            ndmem_alloc::AllocError::InvalidLayout {
-                size: 0,
-                align: 1,
-                reason: "a mirror holds at least 1 byte",
-            },
-        ));
-    }
-    Ok(())
+    super::refuse_zero_bytes(len, "a mirror holds at least 1 byte")
 }
 
 impl Mirror {

@@ -539,6 +539,18 @@ impl fmt::Debug for Event {
     }
 }
 
+/// `AllocError::InvalidLayout` (saying `reason`) for a request of zero bytes.
+fn refuse_zero_bytes(bytes: usize, reason: &'static str) -> Result<()> {
+    if bytes == 0 {
+        return Err(Error::Alloc(ndmem_alloc::AllocError::InvalidLayout {
+            size: 0,
+            align: 1,
+            reason,
+        }));
+    }
+    Ok(())
+}
+
 impl Inner {
     /// Runs `free` (a deferred free of this device's memory: a fence wait and a driver
     /// free or a return to the cache) now, or, on the thread capturing a graph on this

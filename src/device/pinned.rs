@@ -44,15 +44,7 @@ impl Device {
     /// `bytes` of pinned host memory, zeroed, counted in the host pool as mirror memory.
     /// Zero bytes is `AllocError::InvalidLayout`, as a zero-byte device request.
     pub fn allocate_pinned(&self, bytes: usize) -> Result<PinnedBuffer> {
-        if bytes == 0 {
-            return Err(crate::Error::Alloc(
-                ndmem_alloc::AllocError::InvalidLayout {
-                    size: 0,
-                    align: 1,
-                    reason: "pinned buffers hold at least 1 byte",
-                },
-            ));
-        }
+        super::refuse_zero_bytes(bytes, "pinned buffers hold at least 1 byte")?;
         PinnedBuffer::new(&self.inner, bytes)
     }
 }
