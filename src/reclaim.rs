@@ -202,8 +202,10 @@ const IDLE_ROUNDS: u32 = 4;
 const MAX_ROUNDS: u32 = 1 << 20;
 
 /// How long the pools' reclaimer ([`collect_at_limit`]) keeps collecting while frees are
-/// pending, before its pool refuses a request at its limit (as the device pools wait).
-const LIMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// pending, before its pool refuses a request at its limit. A pin is held for one
+/// operation, but a thread descheduled while pinned holds the epoch that long: with eight
+/// threads busy on two loaded cores, 100 ms was not always enough.
+const LIMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// Forces pending frees: advances the epoch until everything deferred is released or a
 /// thread still pinned holds it back (the `invokeGc` of this runtime). Returns the bytes
@@ -231,7 +233,7 @@ pub fn collect() -> usize {
 }
 
 /// The pools' reclaimer: [`collect`], again and again while frees are pending, for at most
-/// [`LIMIT_WAIT`]. A thread pinned for the length of one operation (every op pins, and so
+/// [`LIMIT_WAIT`] (a second). A thread pinned for the length of one operation (every op pins, and so
 /// does every free) holds the epoch back for a moment only; one `collect` that met such a
 /// pin freed nothing, and the pool refused a request whose bytes were only waiting.
 fn collect_at_limit() -> usize {
