@@ -298,14 +298,17 @@ const PEAK_BITS: u32 = 56;
 /// The peak part of a [`Counter`]'s peak word.
 const PEAK_MASK: u64 = (1 << PEAK_BITS) - 1;
 
+/// The reset generations a [`Counter`]'s peak word tells apart (its high bits).
+const GENERATIONS: u64 = u64::MAX >> PEAK_BITS;
+
 /// A peak word: `peak` (saturated at [`PEAK_MASK`]) in reset generation `resets`.
 fn peak_word(resets: u64, peak: u64) -> u64 {
-    resets << PEAK_BITS | peak.min(PEAK_MASK)
+    (resets & GENERATIONS) << PEAK_BITS | peak.min(PEAK_MASK)
 }
 
 /// Whether a peak word belongs to reset generation `resets`.
 fn same_generation(word: u64, resets: u64) -> bool {
-    word >> PEAK_BITS == resets & (u64::MAX >> PEAK_BITS)
+    word >> PEAK_BITS == resets & GENERATIONS
 }
 
 /// The figures of a [`Counter`], read one after the other (see [`Counter::read`]).
@@ -447,12 +450,28 @@ impl Counter {
     /// Restarts the peak from the current value.
     pub fn reset_peak(&self) {
         let resets = self.resets.fetch_add(1, Ordering::AcqRel) + 1;
-        // The new generation's word goes in by an exchange: a publisher's compare-exchange
-        // that read the old generation then fails, and one that came first is overwritten
-        // (a plain store is as good under the language's memory model, but the loom model
-        // `budget` checks the exchange).
-        self.peak
-            .swap(peak_word(resets, self.value() as u64), Ordering::Relaxed);
+        // The new generation's word goes in by compare-exchange: a publisher's
+        // compare-exchange that read the old generation then fails, and one that came first
+        // is overwritten. A reset that counted after this one and installed its word first
+        // stands: overwriting it would stamp the peak with an older generation than the
+        // count, and every later batch's high would be refused until the next reset (the
+        // loom model `budget` checks two resets at once).
+        let mine = resets & GENERATIONS;
+        let mut word = self.peak.load(Ordering::Relaxed);
+        loop {
+            let ahead = (word >> PEAK_BITS).wrapping_sub(mine) & GENERATIONS;
+            if ahead != 0 && ahead < GENERATIONS / 2 {
+                return;
+            }
+            let reset = peak_word(resets, self.value() as u64);
+            match self
+                .peak
+                .compare_exchange_weak(word, reset, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => word = now,
+            }
+        }
     }
 
     /// How many times the peak was reset. A thread that keeps a high-water mark between

@@ -351,3 +351,25 @@ fn a_high_from_before_a_peak_reset_never_raises_the_peak_after_it() {
         assert_eq!(counter.peak(), 7);
     });
 }
+
+#[test]
+fn two_peak_resets_at_once_leave_the_peak_counting_this_generations_highs() {
+    model(|| {
+        // Two resets race: whichever installs its word last, the word must carry the
+        // generation of the count, or every later batch's high is refused (the peak then
+        // missed a single thread's excursions until the next reset).
+        let counter = Arc::new(Counter::new());
+        let other = {
+            let counter = counter.clone();
+            thread::spawn(move || counter.reset_peak())
+        };
+        counter.reset_peak();
+        other.join().unwrap();
+        counter.publish(0, 100, counter.resets());
+        assert_eq!(
+            counter.peak(),
+            100,
+            "a batch of the current generation was refused"
+        );
+    });
+}
