@@ -552,10 +552,32 @@ fn refuse_zero_bytes(bytes: usize, reason: &'static str) -> Result<()> {
 }
 
 impl Inner {
+    /// Frees `bytes` of this device's memory once no thread pinned now can still be
+    /// using them and the work queued so far has passed (a fence ticket taken now):
+    /// `free(device, passed)` runs then, counted as deferred until it has run, and on the
+    /// thread capturing a graph on this device not before the capture ends.
+    pub(crate) fn defer_free(
+        self: &Arc<Self>,
+        bytes: usize,
+        free: impl FnOnce(&Inner, bool) + Send + 'static,
+    ) {
+        let device = Arc::clone(self);
+        let ticket = device.fence_ticket();
+        device.counters.deferred.fetch_add(bytes, Ordering::Relaxed);
+        crate::reclaim::defer_with(bytes, move || {
+            let holder = Arc::clone(&device);
+            holder.free_or_hold(move || {
+                let passed = device.wait_ticket(ticket);
+                free(&device, passed);
+                device.counters.deferred.fetch_sub(bytes, Ordering::Relaxed);
+            });
+        });
+    }
+
     /// Runs `free` (a deferred free of this device's memory: a fence wait and a driver
     /// free or a return to the cache) now, or, on the thread capturing a graph on this
     /// device, when the capture ends.
-    pub(crate) fn free_or_hold(&self, free: impl FnOnce() + Send + 'static) {
+    fn free_or_hold(&self, free: impl FnOnce() + Send + 'static) {
         if self.capturing_here() {
             self.held_frees
                 .lock()

@@ -132,34 +132,19 @@ unsafe impl Send for PinnedRaw {}
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        let device = Arc::clone(&self.device);
         let raw = PinnedRaw { ptr: self.ptr };
         let len = self.len;
         let reservation = self.reservation.take();
-        let ticket = device.fence_ticket();
-        device
-            .counters
-            .deferred
-            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-        crate::reclaim::defer_with(len, move || {
-            let holder = Arc::clone(&device);
-            holder.free_or_hold(move || {
-                let raw = raw;
-                let passed = device.wait_ticket(ticket);
-                if passed {
-                    // SAFETY: `raw.ptr` came from `malloc_pinned(_, len)` of this backend;
-                    // the buffer was dropped and the fence after its last use has passed.
-                    let _ = unsafe { device.backend.free_pinned(raw.ptr, len) };
-                }
-                // A fence that failed leaves the memory leaked rather than freed under a
-                // copy.
-                device.counters.pinned.sub(len);
-                drop(reservation);
-                device
-                    .counters
-                    .deferred
-                    .fetch_sub(len, std::sync::atomic::Ordering::Relaxed);
-            });
+        self.device.defer_free(len, move |device, passed| {
+            let raw = raw;
+            if passed {
+                // SAFETY: `raw.ptr` came from `malloc_pinned(_, len)` of this backend; the
+                // buffer was dropped and the fence after its last use has passed.
+                let _ = unsafe { device.backend.free_pinned(raw.ptr, len) };
+            }
+            // A fence that failed leaves the memory leaked rather than freed under a copy.
+            device.counters.pinned.sub(len);
+            drop(reservation);
         });
     }
 }

@@ -146,24 +146,10 @@ impl DeviceMemory for DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let device = Arc::clone(&self.device);
         let (ptr, capacity, class, usage) = (self.ptr, self.capacity, self.class, self.usage);
         // Work queued so far may still use the buffer: wait for it before reuse.
-        let ticket = device.fence_ticket();
-        device
-            .counters
-            .deferred
-            .fetch_add(capacity, std::sync::atomic::Ordering::Relaxed);
-        crate::reclaim::defer_with(capacity, move || {
-            let holder = Arc::clone(&device);
-            holder.free_or_hold(move || {
-                let passed = device.wait_ticket(ticket);
-                device.give_back(ptr, capacity, class, usage, passed);
-                device
-                    .counters
-                    .deferred
-                    .fetch_sub(capacity, std::sync::atomic::Ordering::Relaxed);
-            });
+        self.device.defer_free(capacity, move |device, passed| {
+            device.give_back(ptr, capacity, class, usage, passed);
         });
     }
 }
