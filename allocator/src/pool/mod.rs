@@ -63,7 +63,7 @@ use class::{cached_class, class_size, fit, invalid, NO_CLASS, NUM_CLASSES};
 use local::{Depot, Registry};
 use os::thread_id;
 use reclaim::Reclaimers;
-use stats::Books;
+use stats::{Books, Figures};
 
 /// Freed blocks each shared size class keeps for reuse (the threads' own caches are
 /// bounded by bytes instead).
@@ -612,11 +612,10 @@ impl Pool {
         // The used bytes are read once, for the bound and the figure both: a `trim` (or
         // any block given back to the OS) between two reads would report less used than
         // the live and cached bytes were bounded by.
-        let (stats, used) = core.local.summed(&core.books, |mut f| {
-            let used = core.budget.used();
-            f.bound(used);
-            (core.books.stats(&f), used)
-        });
+        let (stats, used) = core.local.summed(
+            &core.books,
+            core.bounded(|f, used| (core.books.stats(&f), used)),
+        );
         let peak_used = core.budget.peak();
         PoolStats {
             // Live bytes are part of the used bytes, whose peak the budget keeps exactly: a
@@ -634,10 +633,10 @@ impl Pool {
     /// Restarts both peaks from the current figures.
     pub fn reset_peak(&self) {
         let core = &*self.core;
-        core.local.reset_peak(&core.books, |mut f| {
-            f.bound(core.budget.used());
-            core.books.reset_peak(f.live())
-        });
+        core.local.reset_peak(
+            &core.books,
+            core.bounded(|f, _| core.books.reset_peak(f.live())),
+        );
         core.budget.reset_peak();
     }
 }
@@ -674,6 +673,20 @@ impl Core {
 
     /// The byte limit as reported: the budget's, or `Some(0)` while the configuration is
     /// unusable (nothing can be allocated).
+    /// `f` of the summed figures bounded by the used bytes (`Figures::bound`: exact at
+    /// rest, no phantom live bytes while threads run), with the used bytes read once for
+    /// both: what every reader of the sum takes.
+    fn bounded<'a, R>(
+        &'a self,
+        f: impl FnOnce(Figures, usize) -> R + 'a,
+    ) -> impl FnOnce(Figures) -> R + 'a {
+        move |mut figures| {
+            let used = self.budget.used();
+            figures.bound(used);
+            f(figures, used)
+        }
+    }
+
     fn limit_bytes(&self) -> Option<usize> {
         match self.config_error {
             None => self.budget.limit(),
@@ -826,10 +839,9 @@ impl Core {
             thread: thread_id(),
             used,
             limit,
-            holders: self.local.summed(&self.books, |mut f| {
-                f.bound(self.budget.used());
-                f.holders()
-            }),
+            holders: self
+                .local
+                .summed(&self.books, self.bounded(|f, _| f.holders())),
             variable: self.knob().unwrap_or(self.bytes_variable),
             report: None,
         }
