@@ -67,6 +67,25 @@ impl Inner {
         Ok(())
     }
 
+    /// `Error::Device` for `what` while another thread captures on this device (a replay
+    /// from another thread would run, or on `cuda` be recorded, in the middle of it). A
+    /// capture that begins just after this check finds the replay queued before it.
+    pub(crate) fn refuse_other_capture(&self, what: &str) -> Result<()> {
+        if self.capturing.load(Ordering::Acquire)
+            && self
+                .capture
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some()
+        {
+            return Err(misuse(
+                self.ordinal,
+                format!("{what}: the device is capturing a graph on another thread"),
+            ));
+        }
+        Ok(())
+    }
+
     /// While a capture is under way: an operand of `bytes` at `ptr` must be in its memory,
     /// and the operation must come from the capturing thread. `Ok(true)`: the operation
     /// is captured (not run now).
@@ -389,11 +408,20 @@ impl GraphMemory {
     /// Their operands must lie in this memory; allocations, copies between host and device
     /// and waits fail inside `f` (semantics §5.9). An error from `f` ends the capture and
     /// is returned; nothing is kept.
+    ///
+    /// `f` borrows this memory exclusively, and must leave it behind the reference: if it
+    /// swaps or replaces it, the capture still ends on this memory's device, and the result
+    /// is `Error::Device` (the operations were captured on memory the graph would not
+    /// replay on).
     pub fn capture<R>(
         &mut self,
         f: impl FnOnce(&mut GraphMemory) -> Result<R>,
     ) -> Result<(Graph, R)> {
-        let inner = &self.device.inner;
+        // `f` can put other memory behind `self`: the capture ends on this device, and the
+        // graph is stamped with this memory only if it is still the one behind `self`.
+        let device = self.device.clone();
+        let id = self.id;
+        let inner = &device.inner;
         {
             let mut capture = inner.capture.lock().unwrap_or_else(PoisonError::into_inner);
             if capture.is_some() {
@@ -421,7 +449,6 @@ impl GraphMemory {
         // not left refusing other threads' work.
         let outcome =
             begun.map(|()| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))));
-        let inner = &self.device.inner;
         let capture = {
             let mut capture = inner.capture.lock().unwrap_or_else(PoisonError::into_inner);
             inner.capturing.store(false, Ordering::Release);
@@ -442,9 +469,17 @@ impl GraphMemory {
             Ok(Ok(result)) => result?,
         };
         let graph_inner = ended?;
+        if self.id != id {
+            return Err(misuse(
+                inner.ordinal,
+                "the capture's closure replaced the graph memory it was given: the graph is \
+                 discarded (capture on the memory its operands lie in)"
+                    .into(),
+            ));
+        }
         Ok((
             Graph {
-                memory: self.id,
+                memory: id,
                 ops: launches,
                 inner: graph_inner,
             },
@@ -463,6 +498,7 @@ impl GraphMemory {
         }
         let inner = &self.device.inner;
         inner.refuse_while_capturing("launching a graph")?;
+        inner.refuse_other_capture("launching a graph")?;
         match (&inner.backend, &graph.inner) {
             (Backend::Sim(_), GraphInner::Sim(ops)) => {
                 for op in ops {

@@ -172,6 +172,115 @@ fn another_thread_cannot_launch_on_a_device_that_is_capturing() {
     assert_eq!(graph.ops(), 1);
 }
 
+/// A replay from another thread while a capture is under way would run in the middle of
+/// it; it is refused like any other operation from another thread (§5.9).
+#[test]
+fn another_thread_cannot_replay_a_graph_on_a_device_that_is_capturing() {
+    let gpu = sim(0, 64 << 20);
+    let mut other = gpu.graph_memory(4096).unwrap();
+    let (ox, oy) = (other.floats(4).unwrap(), other.floats(4).unwrap());
+    let (replay, ()) = other
+        .capture(|m| {
+            let dev = m.device().clone();
+            let ([x], mut y) = m.operands([ox], oy)?;
+            dev.affine_f32(&x, &mut y, 4, 2.0, 1.0)
+        })
+        .unwrap();
+    let mut mem = gpu.graph_memory(4096).unwrap();
+    let (x, y) = (mem.floats(4).unwrap(), mem.floats(4).unwrap());
+    let before = gpu.stats();
+    let (_graph, err) = mem
+        .capture(|m| {
+            let err = std::thread::scope(|s| {
+                s.spawn(|| other.launch(&replay).unwrap_err().to_string())
+                    .join()
+                    .unwrap()
+            });
+            let dev = m.device().clone();
+            let ([xr], mut yr) = m.operands([x], y)?;
+            dev.affine_f32(&xr, &mut yr, 4, 2.0, 1.0)?;
+            Ok(err)
+        })
+        .unwrap();
+    assert!(
+        err.contains("launching a graph") && err.contains("capturing a graph on another thread"),
+        "{err}"
+    );
+    let since = gpu.stats().since(&before);
+    assert_eq!((since.graph_launches, since.kernel_launches), (0, 0));
+    // Once the capture is over, the replay runs.
+    other.upload_f32(ox, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    other.launch(&replay).unwrap();
+    assert_eq!(other.download_f32(oy).unwrap(), vec![3.0, 5.0, 7.0, 9.0]);
+}
+
+/// The closure borrows the memory mutably and could put other memory behind it; the
+/// graph would then be stamped for memory its operations do not lie in. The capture
+/// returns an error instead, and no graph.
+#[test]
+fn a_capture_whose_closure_replaces_its_memory_gives_no_graph() {
+    let gpu = sim(0, 64 << 20);
+    let mut a = gpu.graph_memory(4096).unwrap();
+    let mut b = gpu.graph_memory(4096).unwrap();
+    let (xa, ya) = (a.floats(4).unwrap(), a.floats(4).unwrap());
+    let err = a
+        .capture(|m| {
+            let dev = m.device().clone();
+            let ([x], mut y) = m.operands([xa], ya)?;
+            dev.affine_f32(&x, &mut y, 4, 0.0, 7.0)?;
+            std::mem::swap(m, &mut b);
+            Ok(())
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("replaced the graph memory"), "{err}");
+    // The device is not left capturing: both memories capture and replay again.
+    for mem in [&mut a, &mut b] {
+        let (x, y) = (mem.floats(4).unwrap(), mem.floats(4).unwrap());
+        let (graph, ()) = mem
+            .capture(|m| {
+                let dev = m.device().clone();
+                let ([xr], mut yr) = m.operands([x], y)?;
+                dev.affine_f32(&xr, &mut yr, 4, 2.0, 1.0)
+            })
+            .unwrap();
+        mem.upload_f32(x, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        mem.launch(&graph).unwrap();
+        assert_eq!(mem.download_f32(y).unwrap(), vec![3.0, 5.0, 7.0, 9.0]);
+    }
+}
+
+/// Swapped for another device's memory, the capture still ends on its own device, which
+/// then allocates, waits and releases the frees it held during the capture.
+#[test]
+fn a_capture_whose_memory_is_swapped_for_another_devices_still_ends_on_its_device() {
+    let g0 = sim(0, 64 << 20);
+    let g1 = sim(1, 64 << 20);
+    let mut a = g0.graph_memory(4096).unwrap();
+    let mut b = g1.graph_memory(4096).unwrap();
+    let outside = g0.allocate(8192).unwrap();
+    let live = g0.stats().live_bytes;
+    let err = a
+        .capture(|m| {
+            drop(outside);
+            ndmem::reclaim::collect();
+            std::mem::swap(m, &mut b);
+            Ok(())
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("replaced the graph memory"), "{err}");
+    ndmem::reclaim::collect();
+    let stats = g0.stats();
+    assert_eq!(stats.deferred_bytes, 0);
+    assert_eq!(stats.live_bytes, live - 8192);
+    g0.allocate(64).unwrap();
+    g0.synchronize().unwrap();
+    // `b` now holds device 0's memory, and device 0 captures again.
+    assert_eq!(b.device().ordinal(), 0);
+    b.capture(|_| Ok(())).unwrap();
+}
+
 #[test]
 fn regions_are_aligned_bounded_and_outputs_never_overlap_inputs() {
     let gpu = sim(0, 64 << 20);
