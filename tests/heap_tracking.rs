@@ -112,6 +112,36 @@ fn vec_of_known_capacity_counts_exact_bytes() {
     assert_eq!(after.deallocations - before.deallocations, 1);
 }
 
+/// With `Tracking` installed, the PyTorch-style keys carry the heap's figures, which
+/// follow an allocation exactly.
+fn the_pytorch_keys_carry_the_heap_figures() {
+    let keys = || -> std::collections::BTreeMap<String, u64> {
+        ndmem::stats::snapshot()
+            .pytorch_keys()
+            .into_iter()
+            .collect()
+    };
+    let before = keys();
+    for key in ["current", "peak", "allocated", "freed"] {
+        assert!(
+            before.contains_key(&format!("ndmem.heap.{key}")),
+            "{before:?}"
+        );
+    }
+    let v: Vec<u8> = Vec::with_capacity(1 << 20);
+    let during = keys();
+    // Both snapshots allocate alike, so the difference is the vector's megabyte.
+    assert_eq!(
+        during["ndmem.heap.allocated"]
+            - before["ndmem.heap.allocated"]
+            - (during["ndmem.heap.freed"] - before["ndmem.heap.freed"]),
+        during["ndmem.heap.current"] - before["ndmem.heap.current"]
+    );
+    assert!(during["ndmem.heap.current"] >= before["ndmem.heap.current"] + (1 << 20));
+    assert!(during["ndmem.heap.peak"] >= during["ndmem.heap.current"]);
+    drop(v);
+}
+
 fn realloc_counts_the_new_size_once() {
     let mut v: Vec<u8> = Vec::with_capacity(100);
     let before = heap::stats();
@@ -748,7 +778,11 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 18] = [
+    let tests: [(&str, fn()); 19] = [
+        (
+            "the_pytorch_keys_carry_the_heap_figures",
+            the_pytorch_keys_carry_the_heap_figures,
+        ),
         (
             "a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort",
             a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort,

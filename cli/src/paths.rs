@@ -1,5 +1,5 @@
 //! Output paths, checked before any work: `train` creates a missing `--out-dir` (and
-//! removes what it created if the run then stops on a configuration error) and refuses a
+//! removes what it created if the run then stops before writing its reports) and refuses a
 //! report file it could not write or two reports naming one file; `report` refuses to
 //! write its SVG over the JSON it reads. The files themselves are written at the end by
 //! [`write_files`]: each to a temporary file beside it, renamed into place once all of

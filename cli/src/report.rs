@@ -321,9 +321,10 @@ impl Report {
         Ok(report)
     }
 
-    /// Refuses a report no run could have written: no modes, a mode listed twice, a
-    /// negative figure where none can be, a test accuracy above 100%, or a mode whose
-    /// series do not all hold one value per step. The message names what is wrong.
+    /// Refuses a report no run could have written: no modes, a mode listed twice, a mode
+    /// that ran no steps or other steps than the first mode, a negative figure where none
+    /// can be, a test accuracy above 100%, or a mode whose series do not all hold one
+    /// value per step. The message names what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         if self.modes.is_empty() {
             return Err("it holds no modes (\"modes\" is empty)".into());
@@ -360,6 +361,23 @@ impl Report {
                         m.mode
                     ));
                 }
+            }
+            if m.steps == 0 {
+                return Err(format!(
+                    "mode {:?} ran no steps (a run trains every mode at least one)",
+                    m.mode
+                ));
+            }
+            if let Some(first) = self.modes.first().filter(|f| f.steps != m.steps) {
+                return Err(format!(
+                    "mode {:?} ran {} step{} but mode {:?} ran {} (a run trains every mode \
+                     the same steps)",
+                    m.mode,
+                    m.steps,
+                    plural(m.steps),
+                    first.mode,
+                    first.steps
+                ));
             }
             if m.test_accuracy > 1.0 {
                 return Err(format!(
@@ -475,9 +493,9 @@ impl Report {
                 [
                     m.mode.clone(),
                     format!("{:.0}", m.steps_per_sec),
-                    format!("{:.2}", m.pool_allocations_per_step),
-                    format!("{:.2}", m.os_allocations_per_step),
-                    format!("{:.1}", m.heap_allocations_per_step),
+                    per_step(m, m.pool_allocations_per_step, 2),
+                    per_step(m, m.os_allocations_per_step, 2),
+                    per_step(m, m.heap_allocations_per_step, 1),
                     size_up(m.peak_pool_bytes),
                     size_up(m.peak_pool_used_bytes),
                     size_up(m.peak_heap_bytes),
@@ -626,14 +644,24 @@ fn wrap(text: &str, width: usize) -> String {
     out
 }
 
+/// A mean over the steps after the first, with `decimals`, or "-" for a mode that ran
+/// one step (no step comes after it).
+fn per_step(m: &ModeReport, mean: f64, decimals: usize) -> String {
+    if m.steps <= 1 {
+        "-".into()
+    } else {
+        format!("{mean:.decimals$}")
+    }
+}
+
 /// What the table's columns measure (lines of at most 80 columns).
 const TABLE_NOTE: &str = "\
 steps/s: 1 / median step time. allocs/step: means over the steps after the
 first (pool blocks, OS requests, heap allocations of every thread, the batch
-producer's included). off-heap peak: pool bytes over the whole mode; live: held
-by tensors and workspaces; used: live + cached, the figure --max-bytes limits.
-heap peak: bytes live through Tracking<System> above the mode's start. Sizes
-rounded up, written as --max-bytes takes them.
+producer's included; - after a single step). off-heap peak: pool bytes over
+the whole mode; live: held by tensors and workspaces; used: live + cached,
+the figure --max-bytes limits. heap peak: bytes live through Tracking<System>
+above the mode's start. Sizes rounded up, written as --max-bytes takes them.
 ";
 
 /// `"s"` unless `n` is 1.
@@ -821,6 +849,16 @@ mod tests {
     #[test]
     fn validation_names_what_is_wrong() {
         assert!(report(vec![]).validate().unwrap_err().contains("no modes"));
+        // Every mode of a run trains the same steps, at least one.
+        let error = report(vec![mode("pool", &[1.0, 0.5]), mode("scopes", &[1.0])])
+            .validate()
+            .unwrap_err();
+        assert!(
+            error.contains("\"scopes\" ran 1 step but mode \"pool\" ran 2"),
+            "{error}"
+        );
+        let error = report(vec![mode("pool", &[])]).validate().unwrap_err();
+        assert!(error.contains("\"pool\" ran no steps"), "{error}");
         let mut m = mode("pool", &[1.0, 0.5]);
         m.series.heap_live_bytes.pop();
         let error = report(vec![m]).validate().unwrap_err();
@@ -869,15 +907,17 @@ mod tests {
             back.modes[0].final_loss.map(f32::to_bits),
             Some(3.4e38f32.to_bits())
         );
-        // A mode that ran no step has no final loss: `null`, read back as such.
+        // A mode that ran no step has no final loss: `null`, shown as "-"; no run writes
+        // one, so reading it back is refused.
         let r = report(vec![mode("pool", &[])]);
         r.write_json(&path).unwrap();
         assert!(fs::read_to_string(&path)
             .unwrap()
             .contains("\"final_loss\":null"));
-        let back = Report::read_json(&path).unwrap();
-        assert_eq!(back.modes[0].final_loss, None);
-        assert!(back.table().lines().nth(2).unwrap().contains(" - "));
+        assert!(r.table().lines().nth(2).unwrap().contains(" - "));
+        assert!(Report::read_json(&path)
+            .unwrap_err()
+            .contains("ran no steps"));
         fs::write(&path, "{}").unwrap();
         assert!(Report::read_json(&path)
             .unwrap_err()
@@ -971,6 +1011,16 @@ mod tests {
                 .collect()
         };
         assert_eq!(ends(lines[1])[1..], ends(lines[3])[1..], "{table}");
+        // One step: no step after the first to take a mean over.
+        let cells =
+            |line: &str| -> Vec<String> { line.split_whitespace().map(str::to_string).collect() };
+        assert_eq!(cells(lines[2])[2..5], ["-", "-", "-"], "{table}");
+        let two = report(vec![mode("pool", &[1.0, 0.5])]).table();
+        assert_eq!(
+            cells(two.lines().nth(2).unwrap())[2..5],
+            ["0.00", "0.00", "3.0"],
+            "{two}"
+        );
         assert_eq!(mean_after_first(&[7, 1, 3]), 2.0);
         assert_eq!(mean_after_first(&[7]), 0.0);
         // The first step and a preempted one do not move the median.

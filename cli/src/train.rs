@@ -148,12 +148,16 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     let parameters = dims
         .parameters()
         .ok_or_else(|| Failure::config(format!("--hidden {} is too large", options.hidden)))?;
-    paths::check_train_paths(
-        &options.out_dir,
-        (&options.json, options.json_option),
-        (&options.svg, options.svg_option),
-    )
-    .map_err(Failure::config)?;
+    // What it created for the reports goes again if the run stops before writing them
+    // (the directories are empty then).
+    let mut cleanup = RemoveUnlessWritten(Some(
+        paths::check_train_paths(
+            &options.out_dir,
+            (&options.json, options.json_option),
+            (&options.svg, options.svg_option),
+        )
+        .map_err(Failure::config)?,
+    ));
     outln!(
         "ndmem train: Iris, {} flowers ({} train, {} test), {} features, {} classes",
         data.rows(),
@@ -339,6 +343,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         },
     ])
     .map_err(Failure::runtime)?;
+    cleanup.0 = None;
     outln!(
         "report: {} and {}",
         options.json.display(),
@@ -367,6 +372,18 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
         )));
     }
     Ok(())
+}
+
+/// Directories `train` created for its reports, removed (if still empty) when it is
+/// dropped holding them: the run stopped before the reports were written.
+struct RemoveUnlessWritten(Option<paths::Created>);
+
+impl Drop for RemoveUnlessWritten {
+    fn drop(&mut self) {
+        if let Some(created) = &self.0 {
+            paths::remove_created(created);
+        }
+    }
 }
 
 /// The header line saying how many steps each mode runs and why.

@@ -20,7 +20,7 @@
 //! | `num_device_alloc` / `num_device_free` | `os_allocations` / `os_frees` |
 //! | `num_alloc_retries` | the pool's retries after relieving pressure at a limit |
 //! | `num_ooms` | `failed_allocations` |
-//! | `ndmem.heap.*` | the heap's `current`, `peak`, `allocated`, `freed` bytes |
+//! | `ndmem.heap.*` | the heap's `current`, `peak`, `allocated`, `freed` bytes (left out without `Tracking`) |
 //! | `ndmem.workspaces.buffer_bytes` / `.spilled_bytes` | sums over every workspace |
 //! | `ndmem.scopes.bytes` | bytes every scope's tensors hold of their pools, owned or borrowed (block capacities) |
 //! | `ndmem.reclaim.pending_bytes` | deferred frees waiting |
@@ -36,7 +36,8 @@
 use super::{Snapshot, Stat};
 
 /// Every key [`Snapshot::pytorch_keys`] gives, in its order (pool keys are present only
-/// when the snapshot has a pool), before the per-device `ndmem.device.*` keys.
+/// when the snapshot has a pool, `ndmem.heap.*` only when the heap is tracked), before the
+/// per-device `ndmem.device.*` keys.
 pub const PYTORCH_KEYS: &[&str] = &[
     "allocated_bytes.all.current",
     "allocated_bytes.all.peak",
@@ -116,7 +117,11 @@ impl Snapshot {
             out.push(("num_alloc_retries".into(), c.num_alloc_retries));
             out.push(("num_ooms".into(), c.num_ooms));
         }
-        stat(&mut out, "ndmem.heap", &self.heap_counters.bytes);
+        // Without `Tracking` as the global allocator nothing counts the heap: its keys
+        // are left out rather than given as zeros.
+        if self.heap_tracked {
+            stat(&mut out, "ndmem.heap", &self.heap_counters.bytes);
+        }
         let sum = |f: fn(&crate::WorkspaceStats) -> usize| {
             self.workspaces.iter().map(|w| f(&w.stats) as u64).sum()
         };

@@ -417,6 +417,35 @@ fn a_configuration_error_leaves_no_out_dir_behind() {
 }
 
 #[test]
+fn a_run_that_fails_before_its_reports_leaves_no_out_dir_behind() {
+    let dir = temp_dir("out-dir-runtime");
+    // Too small a limit to train, and a learning rate that makes the loss diverge: both
+    // stop the run (exit 1) before the reports are written.
+    for args in [
+        &["--steps", "2", "--max-bytes", "1K", "--out-dir", "od/a/b"][..],
+        &["--steps", "20", "--lr", "1e30", "--out-dir", "od/a/b"],
+    ] {
+        let out = ndmem(&dir, args, &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(!dir.join("od").exists(), "{args:?}: od/a/b was left behind");
+    }
+    // An out-dir that existed stays.
+    std::fs::create_dir_all(dir.join("kept")).unwrap();
+    let out = ndmem(
+        &dir,
+        &["--steps", "2", "--max-bytes", "1K", "--out-dir", "kept"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(dir.join("kept").is_dir());
+}
+
+#[test]
 fn option_values_are_judged_by_the_option_that_takes_them() {
     let dir = temp_dir("hyphen-values");
     for (args, needle) in [
