@@ -105,8 +105,9 @@ pub enum Error {
         /// The closed scope.
         scope: String,
     },
-    /// Something was attached to a capped scope (semantics §4).
-    #[error("scope [{scope}] is capped: nothing more can be attached to it")]
+    /// Something was attached to a capped scope, or a child scope opened in it (semantics
+    /// §4).
+    #[error("scope [{scope}] is capped: nothing more can be attached to it, and no child scope opened in it")]
     ScopeCapped {
         /// The capped scope.
         scope: String,

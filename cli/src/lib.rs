@@ -160,6 +160,13 @@ fn render_report(args: &args::ReportArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let report = report::Report::read_json(&args.json).map_err(Failure::config)?;
+    let device_lines = report.device_lines();
+    for line in &device_lines {
+        outln!("{line}");
+    }
+    if !device_lines.is_empty() {
+        outln!();
+    }
     outln!("{}", report.table().trim_end());
     outln!();
     outln!("{}", report.agreement().verdict());

@@ -665,6 +665,72 @@ above the mode's start. Sizes rounded up, written as --max-bytes takes them.
 ";
 
 /// `"s"` unless `n` is 1.
+/// The two lines `train` prints after a mode that ran on a device.
+pub fn mode_device_lines(mode: &str, d: &DeviceReport) -> [String; 2] {
+    [
+        format!(
+            "  {mode} on {}: device peak {}, driver allocations {} ({} in step 1, {:.2}/step after)",
+            d.device.split(' ').next().unwrap_or_default(),
+            ndmem::alloc::ByteSize(d.peak_bytes),
+            d.driver_allocations,
+            d.first_step_driver_allocations,
+            d.driver_allocations_per_step,
+        ),
+        format!(
+            "    transfers/step: {:.2} in, {:.2} out (parameters and evaluation included)",
+            d.htod_per_step, d.dtoh_per_step,
+        ),
+    ]
+}
+
+/// The two lines `train` prints after the graph run on `device` (`kind:ordinal`).
+pub fn graph_lines(device: &str, g: &GraphReport) -> [String; 2] {
+    [
+        format!(
+            "  graph on {device}: device peak {}, {} steps, {} graph(s) of {} device operations; losses match {} mode (largest relative difference {:.1e})",
+            ndmem::alloc::ByteSize(g.peak_bytes),
+            g.steps,
+            g.graphs,
+            g.ops_per_step,
+            g.compared_with,
+            g.max_relative_loss_difference,
+        ),
+        format!(
+            "    {:.0} steps/s replayed vs {:.0} launched ({:.2}x); driver allocations after step 1: {}; transfers/step: {:.2} in, {:.2} out",
+            g.steps_per_sec,
+            g.launched_steps_per_sec,
+            g.steps_per_sec / g.launched_steps_per_sec.max(f64::MIN_POSITIVE),
+            g.driver_allocations_after_first,
+            g.htod_per_step,
+            g.dtoh_per_step,
+        ),
+    ]
+}
+
+impl Report {
+    /// The device lines `train` printed for this report's run: each device mode's, then the
+    /// graph run's (on the modes' device); none for a host run.
+    pub fn device_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .modes
+            .iter()
+            .filter_map(|m| m.device.as_ref().map(|d| mode_device_lines(&m.mode, d)))
+            .flatten()
+            .collect();
+        if let Some(g) = &self.graph {
+            let device = self
+                .modes
+                .iter()
+                .find_map(|m| m.device.as_ref())
+                .map_or("the device", |d| {
+                    d.device.split(' ').next().unwrap_or_default()
+                });
+            lines.extend(graph_lines(device, g));
+        }
+        lines
+    }
+}
+
 pub fn plural(n: usize) -> &'static str {
     if n == 1 {
         ""

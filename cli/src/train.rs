@@ -278,46 +278,19 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
             bar.finish_and_clear();
         }
         if let Some(d) = &measured.device {
-            outln!(
-                "  {} on {}: device peak {}, driver allocations {} ({} in step 1, {:.2}/step after)",
-                mode.name(),
-                d.device.split(' ').next().unwrap_or_default(),
-                ByteSize(d.peak_bytes),
-                d.driver_allocations,
-                d.first_step_driver_allocations,
-                d.driver_allocations_per_step,
-            );
-            outln!(
-                "    transfers/step: {:.2} in, {:.2} out (parameters and evaluation included)",
-                d.htod_per_step,
-                d.dtoh_per_step,
-            );
+            for line in crate::report::mode_device_lines(mode.name(), d) {
+                outln!("{line}");
+            }
         }
         report.modes.push(measured);
     }
 
     if let (true, Some(gpu)) = (options.graph, &device) {
         let graph = run_graph(options, &split, dims, gpu, &report)?;
-        outln!(
-            "  graph on {}:{}: device peak {}, {} steps, {} graph(s) of {} device operations; losses match {} mode (largest relative difference {:.1e})",
-            gpu.kind(),
-            gpu.ordinal(),
-            ByteSize(graph.peak_bytes),
-            graph.steps,
-            graph.graphs,
-            graph.ops_per_step,
-            graph.compared_with,
-            graph.max_relative_loss_difference,
-        );
-        outln!(
-            "    {:.0} steps/s replayed vs {:.0} launched ({:.2}x); driver allocations after step 1: {}; transfers/step: {:.2} in, {:.2} out",
-            graph.steps_per_sec,
-            graph.launched_steps_per_sec,
-            graph.steps_per_sec / graph.launched_steps_per_sec.max(f64::MIN_POSITIVE),
-            graph.driver_allocations_after_first,
-            graph.htod_per_step,
-            graph.dtoh_per_step,
-        );
+        let on = format!("{}:{}", gpu.kind(), gpu.ordinal());
+        for line in crate::report::graph_lines(&on, &graph) {
+            outln!("{line}");
+        }
         report.graph = Some(graph);
     }
 
@@ -397,6 +370,11 @@ pub fn run_length(epochs: u32, steps_per_epoch: u64, max_steps: Option<u64>, tot
     match max_steps {
         Some(cap) if cap < planned => format!(
             "run: {total} step{} per mode (--steps {cap}; {epochs_text} would be {planned})",
+            plural(total as usize)
+        ),
+        Some(cap) if cap > planned => format!(
+            "run: {epochs_text} = {total} step{} per mode (--steps {cap} caps, and the \
+             epochs end first: raise --epochs for more)",
             plural(total as usize)
         ),
         _ => format!(
@@ -817,6 +795,29 @@ fn run_mode(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_length_says_which_of_steps_and_epochs_ends_the_run() {
+        assert_eq!(
+            run_length(100, 8, None, 800),
+            "run: 100 epochs of 8 steps = 800 steps per mode"
+        );
+        assert_eq!(
+            run_length(100, 8, Some(10), 10),
+            "run: 10 steps per mode (--steps 10; 100 epochs of 8 steps would be 800)"
+        );
+        let capped_late = run_length(100, 8, Some(2000), 800);
+        assert!(
+            capped_late.starts_with("run: 100 epochs of 8 steps = 800 steps per mode")
+                && capped_late.contains("--steps 2000")
+                && capped_late.contains("raise --epochs"),
+            "{capped_late}"
+        );
+        assert_eq!(
+            run_length(1, 1, Some(1), 1),
+            "run: 1 epoch of 1 step = 1 step per mode"
+        );
+    }
 
     fn options(prefetch: usize, batch: usize) -> TrainOptions {
         TrainOptions {

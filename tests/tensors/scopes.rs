@@ -207,12 +207,15 @@ fn a_capped_scope_opens_no_child_and_keeps_the_ones_it_had() {
     let scope = Scope::new_base("capped parent");
     let before = scope.child("opened before").unwrap();
     scope.cap();
+    let refused = scope.child("after").err();
     assert_eq!(
-        scope.child("after").err(),
+        refused,
         Some(Error::ScopeCapped {
             scope: "capped parent".into()
         })
     );
+    let message = refused.unwrap().to_string();
+    assert!(message.contains("no child scope"), "{message}");
     let t = before.ones(DType::F32, &[2]).unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0; 2]);
     assert!(

@@ -233,6 +233,37 @@ fn with_graph_the_suggested_max_bytes_runs_the_graph_run_too() {
 }
 
 #[test]
+fn report_prints_the_device_and_graph_lines_train_prints() {
+    let dir = temp_dir("report-device-lines");
+    let out = ndmem(&dir, &["--device", "sim", "--graph", "--steps", "6"], &[]);
+    let train = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let device_lines = |stdout: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .filter(|l| {
+                l.contains(" on sim:")
+                    || l.starts_with("    transfers/step")
+                    || l.contains("replayed vs")
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let from_train = device_lines(&train);
+    // Three modes of two lines each, and the graph run's two.
+    assert_eq!(from_train.len(), 8, "{train}");
+    let out = ndmem(&dir, &["report", "ndmem-report.json", "-o", "r.svg"], &[]);
+    let report = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(device_lines(&report), from_train, "{report}");
+    // A host run has none.
+    let host = temp_dir("report-host-lines");
+    short_run(&host);
+    let out = ndmem(&host, &["report", "ndmem-report.json", "-o", "r.svg"], &[]);
+    assert!(device_lines(&text(&out.stdout)).is_empty());
+}
+
+#[test]
 fn report_prints_the_comparisons_train_prints() {
     let dir = temp_dir("report-comparisons");
     let train = short_run(&dir);
