@@ -241,6 +241,38 @@ fn circular_request_larger_than_the_buffer_spills_or_fails_without_looping() {
 }
 
 #[test]
+fn a_failing_ring_whose_slots_are_all_held_refuses_until_one_is_dropped() {
+    // Semantics §2.4: every slot referenced, the cycle has no slot; with Fail every request
+    // is WorkspaceFull, and a dropped holder gives its slot back.
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(1024)
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .overallocation_limit(1.0)
+        .policy_spill(SpillPolicy::Fail)
+        .build()
+        .unwrap();
+    let held: Vec<WorkspaceMemory> = (0..2)
+        .map(|_| {
+            let g = ws.get_and_activate(&cfg, "RING_HELD").unwrap();
+            g.alloc_memory(layout(100)).unwrap()
+        })
+        .collect();
+    {
+        let g = ws.get_and_activate(&cfg, "RING_HELD").unwrap();
+        assert!(matches!(
+            g.alloc_memory(layout(100)),
+            Err(Error::WorkspaceFull { available: 0, .. })
+        ));
+    }
+    drop(held);
+    let g = ws.get_and_activate(&cfg, "RING_HELD").unwrap();
+    let m = g.alloc_memory(layout(100)).unwrap();
+    write(&m, 7);
+    assert_eq!(read(&m), vec![7; 100]);
+}
+
+#[test]
 fn circular_reallocate_rebuilds_the_ring_two_cycles_after_a_spill() {
     // Semantics §2.4: with Reallocate the ring is rebuilt larger once the spills are no
     // longer reachable (2 cycles later).

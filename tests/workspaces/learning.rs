@@ -26,6 +26,26 @@ fn first_loop_learns_max_cycle_times_1_3_after_the_first_cycle() {
 }
 
 #[test]
+fn a_first_loop_whose_first_cycle_asks_for_nothing_learns_from_the_first_that_does() {
+    // Semantics §2.3: an empty cycle learns no buffer of zero bytes; the next cycle spills
+    // and is the one learned from.
+    let ws = workspaces();
+    let cfg = strict().build().unwrap();
+    drop(ws.get_and_activate(&cfg, "EMPTY_FIRST").unwrap());
+    let s = ws.workspace("EMPTY_FIRST").unwrap();
+    assert_eq!((s.cycles, s.max_cycle, s.size), (1, 0, 0));
+    {
+        let g = ws.get_and_activate(&cfg, "EMPTY_FIRST").unwrap();
+        fill(&g, 2, 1000);
+        assert_eq!(g.stats().spilled_bytes, 2 * 1008);
+    }
+    assert_eq!(ws.workspace("EMPTY_FIRST").unwrap().size, capacity(2016));
+    let g = ws.get_and_activate(&cfg, "EMPTY_FIRST").unwrap();
+    fill(&g, 2, 1000);
+    assert_eq!(g.stats().spilled_bytes, 0, "the third cycle fits");
+}
+
+#[test]
 fn strict_learns_exactly_max_cycle() {
     // Semantics §2.1, §2.3: Strict does not overallocate.
     let ws = workspaces();

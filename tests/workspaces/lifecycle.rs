@@ -282,6 +282,29 @@ fn destroying_an_open_workspace_defers_the_free_to_its_last_guard() {
 }
 
 #[test]
+fn a_destroyed_current_workspace_refuses_tensors_until_its_guard_drops() {
+    // Semantics §2.2: it stays current (named, no longer existing); tensors created
+    // meanwhile are WorkspaceNotOpen, not placed elsewhere unasked; scope_out works.
+    let ws = workspaces();
+    let cfg = strict().initial_size(4096).build().unwrap();
+    let g = ws.get_and_activate(&cfg, "DEAD_CURRENT").unwrap();
+    ws.destroy("DEAD_CURRENT").unwrap();
+    assert_eq!(ws.current().as_deref(), Some("DEAD_CURRENT"));
+    assert!(!ws.exists("DEAD_CURRENT"));
+    assert!(matches!(
+        Tensor::ones(DType::F32, &[4]),
+        Err(Error::WorkspaceNotOpen { .. })
+    ));
+    {
+        let _out = ws.scope_out();
+        assert_eq!(Tensor::ones(DType::F32, &[4]).unwrap().workspace(), None);
+    }
+    drop(g);
+    assert_eq!(ws.current(), None);
+    assert!(Tensor::ones(DType::F32, &[4]).is_ok());
+}
+
+#[test]
 fn statistics_have_every_figure_and_a_printed_form() {
     // Semantics §2.5: buffer size, used, max cycle, spilled, pinned, cycles, generation.
     let ws = workspaces();
