@@ -107,6 +107,34 @@ struct Core {
     /// What set the limit, when [`Pool::set_max_bytes_by`] named it: refusals name it in
     /// place of `bytes_variable`.
     bytes_knob: std::sync::Mutex<Option<&'static str>>,
+    /// Trims under way. A trim gives its blocks back to the OS one at a time, and until it
+    /// has, their bytes count as used but are neither cached nor live: a request refused
+    /// at the limit waits for other threads' trims before it judges.
+    trimming: AtomicUsize,
+}
+
+/// Relief rounds (collect, recall, trim, retry) a request refused at the limit runs at
+/// most, going on only while a round freed something or waited for another thread's
+/// trim: other threads keep caching what they free while it relieves.
+const RELIEF_ROUNDS: u32 = 16;
+
+/// The longest a request refused at the limit waits for other threads' trims in one round.
+const TRIM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Counts a trim under way on a pool while it lives.
+struct Trimming<'a>(&'a AtomicUsize);
+
+impl<'a> Trimming<'a> {
+    fn begin(count: &'a AtomicUsize) -> Trimming<'a> {
+        count.fetch_add(1, Ordering::AcqRel);
+        Trimming(count)
+    }
+}
+
+impl Drop for Trimming<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl fmt::Debug for Pool {
@@ -616,7 +644,9 @@ impl Pool {
             &core.books,
             core.bounded(|f, used| (core.books.stats(&f), used)),
         );
-        let peak_used = core.budget.peak();
+        // The budget raises its peak once the OS gave the bytes, and `used` counts them
+        // from their reservation just before: a reading between the two shows them both.
+        let peak_used = core.budget.peak().max(used);
         PoolStats {
             // Live bytes are part of the used bytes, whose peak the budget keeps exactly: a
             // live peak above it can only be the other threads' unpublished drift.
@@ -668,6 +698,7 @@ impl Core {
             bytes_variable: "Limits::max_bytes of this pool",
             physical_variable: "Limits::max_physical_bytes of this pool",
             bytes_knob: std::sync::Mutex::new(None),
+            trimming: AtomicUsize::new(0),
         }
     }
 
@@ -727,16 +758,19 @@ impl Core {
             .or_else(|| self.take_shared(class, capacity))
     }
 
-    /// Reserves `capacity` bytes of budget for new OS memory, relieving pressure once at a
-    /// limit. If relief put a block of `class` into a cache, returns that block instead
-    /// (its budget is already counted).
+    /// Reserves `capacity` bytes of budget for new OS memory, relieving pressure at a
+    /// limit: the reclaimers (pending frees), then every cache, in rounds while a round
+    /// frees something or waits out another thread's trim (at most [`RELIEF_ROUNDS`]),
+    /// so that a refusal means the bytes are held by live blocks. If relief put a block of
+    /// `class` into a cache, returns that block instead (its budget is already counted).
     fn take_budget(
         &self,
         capacity: usize,
         requested: usize,
         class: Option<usize>,
     ) -> Result<Option<NonNull<u8>>, AllocError> {
-        let mut relieved = false;
+        let mut rounds = 0;
+        let mut progress = true;
         loop {
             // The peak is raised once the bytes are held: after the OS gave them
             // (`os_alloc`), or now for a reservation (`Pool::reserve`).
@@ -750,27 +784,47 @@ impl Core {
                 },
                 Err(e) => self.out_of_memory(requested, e.used, e.limit),
             };
-            if relieved {
+            if rounds == RELIEF_ROUNDS || !progress {
                 self.books.failure();
                 crate::trace::refused(self.id(), self.budget.used(), &refusal);
                 return Err(refusal);
             }
-            relieved = true;
-            self.books.retry();
-            crate::trace::count_retry();
-            if let Err(message) = self.reclaimers.run(self as *const Core as usize) {
-                self.books.failure();
-                return Err(AllocError::ReclaimerPanicked {
-                    kind: MemoryKind::Host,
-                    requested,
-                    message,
-                });
+            if rounds == 0 {
+                // One retry counted per request, however many rounds it takes.
+                self.books.retry();
+                crate::trace::count_retry();
+                if let Err(message) = self.reclaimers.run(self as *const Core as usize) {
+                    self.books.failure();
+                    return Err(AllocError::ReclaimerPanicked {
+                        kind: MemoryKind::Host,
+                        requested,
+                        message,
+                    });
+                }
             }
+            rounds += 1;
             if let Some(ptr) = class.and_then(|c| self.take_cached(c, capacity)) {
                 return Ok(Some(ptr));
             }
-            self.trim();
+            let waited = self.wait_for_trims();
+            progress = self.trim() > 0 || waited;
         }
+    }
+
+    /// Waits (up to [`TRIM_WAIT`]) while other threads trim this pool: the bytes they are
+    /// giving back to the OS are used until they are done. Whether it saw one.
+    #[cold]
+    fn wait_for_trims(&self) -> bool {
+        if self.trimming.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let start = std::time::Instant::now();
+        while self.trimming.load(Ordering::Acquire) > 0 && start.elapsed() < TRIM_WAIT {
+            crate::sync::spin_loop();
+            #[cfg(not(ndmem_loom))]
+            std::thread::yield_now();
+        }
+        true
     }
 
     /// Checks the physical limit for `bytes` of new OS memory; `Err(rss)` if it would pass.
@@ -810,6 +864,7 @@ impl Core {
 
     /// Returns every cached block, the threads' caches first, to the OS.
     fn trim(&self) -> usize {
+        let _under_way = Trimming::begin(&self.trimming);
         let recalled = self
             .local
             .recall(|block, class| self.os_free(block, class_size(class)));
