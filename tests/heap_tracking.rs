@@ -723,6 +723,18 @@ fn a_panicking_oom_hook_aborts_instead_of_unwinding() {
     );
 }
 
+/// Eight threads refused at once: `exit_on_oom` prints one line, whichever thread gets
+/// there first, and the process exits with status 1.
+fn exit_on_oom_prints_one_line_for_threads_refused_at_once() {
+    for _ in 0..3 {
+        let out = run_child(&[], "exit_on_oom_from_racing_threads");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "stderr: {stderr}");
+        assert!(stderr.contains("heap::set_limit"), "stderr: {stderr}");
+    }
+}
+
 /// The signal `std::process::abort` raises (6 on Linux, macOS and the BSDs).
 const SIGABRT: i32 = 6;
 
@@ -768,6 +780,23 @@ fn child(case: &str) {
                 "{err}"
             );
         }
+        "exit_on_oom_from_racing_threads" => {
+            let limit = heap::stats().reserved_bytes + (16 << 20);
+            heap::set_limit(Some(limit)).unwrap();
+            heap::set_oom_hook(heap::exit_on_oom);
+            let start = std::sync::Barrier::new(8);
+            std::thread::scope(|s| {
+                for _ in 0..8 {
+                    s.spawn(|| {
+                        start.wait();
+                        let mut held: Vec<Vec<u8>> = Vec::new();
+                        loop {
+                            held.push(Vec::with_capacity(1 << 20));
+                        }
+                    });
+                }
+            });
+        }
         "fork_beside_limit_changes" => fork_beside_limit_changes(),
         other => panic!("unknown child case {other}"),
     }
@@ -778,7 +807,11 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 19] = [
+    let tests: [(&str, fn()); 20] = [
+        (
+            "exit_on_oom_prints_one_line_for_threads_refused_at_once",
+            exit_on_oom_prints_one_line_for_threads_refused_at_once,
+        ),
         (
             "the_pytorch_keys_carry_the_heap_figures",
             the_pytorch_keys_carry_the_heap_figures,

@@ -37,6 +37,16 @@ use crate::tracking::HeapStats;
 /// tell `Vec::try_reserve` from `Vec::reserve`): with it installed, a refused
 /// `try_reserve` ends the process instead of returning its error.
 pub fn exit_on_oom(layout: Layout, stats: &HeapStats) {
+    // One line, however many threads are refused at once: the first to get here writes
+    // it and ends the process; the others wait for the end.
+    static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if EXITING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        loop {
+            // SAFETY: pause(2) takes no arguments; the thread sleeps until the first
+            // thread's _exit ends the process.
+            unsafe { libc::pause() };
+        }
+    }
     let mut line = StackLine::default();
     // SAFETY: isatty only inspects file descriptor 2.
     if unsafe { libc::isatty(2) } == 1 {
