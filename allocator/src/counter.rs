@@ -128,6 +128,13 @@ impl Budget {
         self.peak.fetch_max(self.used(), Ordering::Relaxed);
     }
 
+    /// Raises the high-water mark to `used` (a reading of the reserved total) if it is
+    /// lower, and returns the mark: a reader that saw `used` never reports a lower peak,
+    /// then or later.
+    pub fn raise_peak(&self, used: usize) -> usize {
+        self.peak.fetch_max(used, Ordering::Relaxed).max(used)
+    }
+
     /// `(used, limit)` from `limit` and `headroom` read after `seq`, if no limit change
     /// began since `seq` was read (then they belong together); else a fresh snapshot, taken
     /// after the caller's headroom update and so including it.
@@ -517,6 +524,18 @@ mod tests {
         assert_eq!(budget.peak(), 100);
         budget.reset_peak();
         assert_eq!(budget.peak(), 50);
+    }
+
+    #[test]
+    fn a_peak_raised_to_a_reading_never_falls_below_it() {
+        // What a stats reading does between a reservation and its note_peak.
+        let budget = Budget::new(Some(100));
+        assert_eq!(budget.try_reserve_unmarked(70), Ok(70));
+        assert_eq!(budget.peak(), 0);
+        assert_eq!(budget.raise_peak(budget.used()), 70);
+        budget.release(70); // handed back (say, refused by the physical limit)
+        assert_eq!(budget.peak(), 70, "a later reading shows no lower peak");
+        assert_eq!(budget.raise_peak(budget.used()), 70);
     }
 
     #[test]

@@ -42,14 +42,22 @@ pub fn ensure_dir(dir: &Path, option: &str) -> Result<Created, String> {
         .map(Path::to_path_buf)
         .collect();
     missing.reverse();
-    let created = Created(missing);
-    fs::create_dir_all(dir).map_err(|e| {
-        remove_created(&created);
-        format!(
-            "{option} {}: cannot create the directory: {e}",
-            dir.display()
-        )
-    })?;
+    // Level by level, recording only what this call made: a level another process made
+    // meanwhile is theirs, and stays.
+    let mut created = Created::default();
+    for level in missing {
+        match fs::create_dir(&level) {
+            Ok(()) => created.0.push(level),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && level.is_dir() => {}
+            Err(e) => {
+                remove_created(&created);
+                return Err(format!(
+                    "{option} {}: cannot create the directory: {e}",
+                    dir.display()
+                ));
+            }
+        }
+    }
     Ok(created)
 }
 

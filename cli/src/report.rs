@@ -664,7 +664,6 @@ the figure --max-bytes limits. heap peak: bytes live through Tracking<System>
 above the mode's start. Sizes rounded up, written as --max-bytes takes them.
 ";
 
-/// `"s"` unless `n` is 1.
 /// The two lines `train` prints after a mode that ran on a device.
 pub fn mode_device_lines(mode: &str, d: &DeviceReport) -> [String; 2] {
     [
@@ -731,6 +730,7 @@ impl Report {
     }
 }
 
+/// `"s"` unless `n` is 1.
 pub fn plural(n: usize) -> &'static str {
     if n == 1 {
         ""

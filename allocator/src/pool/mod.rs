@@ -118,7 +118,8 @@ struct Core {
 /// trim: other threads keep caching what they free while it relieves.
 const RELIEF_ROUNDS: u32 = 16;
 
-/// The longest a request refused at the limit waits for other threads' trims in one round.
+/// The longest a request refused at the limit waits for other threads' trims, over all its
+/// rounds.
 const TRIM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Counts a trim under way on a pool while it lives.
@@ -645,8 +646,9 @@ impl Pool {
             core.bounded(|f, used| (core.books.stats(&f), used)),
         );
         // The budget raises its peak once the OS gave the bytes, and `used` counts them
-        // from their reservation just before: a reading between the two shows them both.
-        let peak_used = core.budget.peak().max(used);
+        // from their reservation just before: a reading between the two raises the peak
+        // itself, so no later reading shows less.
+        let peak_used = core.budget.raise_peak(used);
         PoolStats {
             // Live bytes are part of the used bytes, whose peak the budget keeps exactly: a
             // live peak above it can only be the other threads' unpublished drift.
@@ -771,6 +773,7 @@ impl Core {
     ) -> Result<Option<NonNull<u8>>, AllocError> {
         let mut rounds = 0;
         let mut progress = true;
+        let mut deadline = None;
         loop {
             // The peak is raised once the bytes are held: after the OS gave them
             // (`os_alloc`), or now for a reservation (`Pool::reserve`).
@@ -806,25 +809,31 @@ impl Core {
             if let Some(ptr) = class.and_then(|c| self.take_cached(c, capacity)) {
                 return Ok(Some(ptr));
             }
-            let waited = self.wait_for_trims();
+            let waited = self.wait_for_trims(&mut deadline);
             progress = self.trim() > 0 || waited;
         }
     }
 
-    /// Waits (up to [`TRIM_WAIT`]) while other threads trim this pool: the bytes they are
-    /// giving back to the OS are used until they are done. Whether it saw one.
+    /// Waits while other threads trim this pool (the bytes they are giving back to the OS
+    /// are used until they are done), until `deadline`, which the first wait of a request
+    /// sets [`TRIM_WAIT`] ahead. Whether it saw trims under way and they all finished.
     #[cold]
-    fn wait_for_trims(&self) -> bool {
+    fn wait_for_trims(&self, deadline: &mut Option<std::time::Instant>) -> bool {
         if self.trimming.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let start = std::time::Instant::now();
-        while self.trimming.load(Ordering::Acquire) > 0 && start.elapsed() < TRIM_WAIT {
+        let end = *deadline.get_or_insert_with(|| std::time::Instant::now() + TRIM_WAIT);
+        loop {
+            if self.trimming.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
             crate::sync::spin_loop();
             #[cfg(not(ndmem_loom))]
             std::thread::yield_now();
         }
-        true
     }
 
     /// Checks the physical limit for `bytes` of new OS memory; `Err(rss)` if it would pass.
