@@ -86,10 +86,13 @@ fn check_pool(pool: &Pool) {
         stats.used_bytes <= LIMIT && stats.live_bytes <= LIMIT,
         "over the limit: {stats:?}"
     );
-    assert_eq!(
-        stats.total_allocated_bytes - stats.total_freed_bytes,
-        stats.live_bytes as u64,
-        "the books balance"
+    // Other threads' collections free this pool's blocks too (deferred frees run on
+    // whichever thread collects), so a reading here may catch a free in flight: the
+    // live bytes are then bounded by the used bytes, never above the books; the books
+    // balance exactly at rest, which the test checks once every thread is done.
+    assert!(
+        stats.live_bytes as u64 <= stats.total_allocated_bytes - stats.total_freed_bytes,
+        "live bytes above the books: {stats:?}"
     );
 }
 
@@ -237,6 +240,9 @@ fn four_threads_of_random_work_keep_every_invariant() {
     for source in &sources {
         let stats = source.pool().stats();
         assert_eq!(stats.live_bytes, 0, "every byte back: {stats:?}");
-        assert_eq!(stats.total_allocated_bytes, stats.total_freed_bytes);
+        assert_eq!(
+            stats.total_allocated_bytes, stats.total_freed_bytes,
+            "the books balance at rest: {stats:?}"
+        );
     }
 }
