@@ -444,12 +444,14 @@ impl Counter {
         self.total.load(Ordering::Relaxed)
     }
 
-    /// The value, then the peak, then the total. The total is read last: it only grows, so
-    /// `total - value` (what was ever taken off, for a writer whose value and total move
-    /// together) never comes out negative.
+    /// The value, then the peak (never below the value read), then the total. The total
+    /// is read last: it only grows, so `total - value` (what was ever taken off, for a
+    /// writer whose value and total move together) never comes out negative.
     pub fn read(&self) -> CounterValues {
         let value = self.value();
-        let peak = self.peak();
+        // A publisher adds to the value before it raises the peak: a reading between the
+        // two sees the new value, which the peak already is.
+        let peak = self.peak().max(value);
         let total = self.total();
         CounterValues { value, peak, total }
     }

@@ -547,9 +547,7 @@ pub mod heap {
         let counts = LEDGER.counts();
         HeapStats {
             live_bytes: live.value,
-            // A publisher adds to the value before it raises the peak: a reading between
-            // the two sees the new value, which the peak already is.
-            peak_bytes: live.peak.max(live.value),
+            peak_bytes: live.peak,
             total_allocated_bytes: live.total,
             total_freed_bytes: counts.freed_bytes,
             allocations: counts.allocations,

@@ -664,12 +664,19 @@ the figure --max-bytes limits. heap peak: bytes live through Tracking<System>
 above the mode's start. Sizes rounded up, written as --max-bytes takes them.
 ";
 
+impl DeviceReport {
+    /// The device's `kind:ordinal`, the first word of its description.
+    pub fn name(&self) -> &str {
+        self.device.split(' ').next().unwrap_or_default()
+    }
+}
+
 /// The two lines `train` prints after a mode that ran on a device.
 pub fn mode_device_lines(mode: &str, d: &DeviceReport) -> [String; 2] {
     [
         format!(
             "  {mode} on {}: device peak {}, driver allocations {} ({} in step 1, {:.2}/step after)",
-            d.device.split(' ').next().unwrap_or_default(),
+            d.name(),
             ndmem::alloc::ByteSize(d.peak_bytes),
             d.driver_allocations,
             d.first_step_driver_allocations,
@@ -721,9 +728,7 @@ impl Report {
                 .modes
                 .iter()
                 .find_map(|m| m.device.as_ref())
-                .map_or("the device", |d| {
-                    d.device.split(' ').next().unwrap_or_default()
-                });
+                .map_or("the device", DeviceReport::name);
             lines.extend(graph_lines(device, g));
         }
         lines

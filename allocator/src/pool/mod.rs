@@ -704,8 +704,6 @@ impl Core {
         }
     }
 
-    /// The byte limit as reported: the budget's, or `Some(0)` while the configuration is
-    /// unusable (nothing can be allocated).
     /// `f` of the summed figures bounded by the used bytes (`Figures::bound`: exact at
     /// rest, no phantom live bytes while threads run), with the used bytes read once for
     /// both: what every reader of the sum takes.
@@ -720,6 +718,8 @@ impl Core {
         }
     }
 
+    /// The byte limit as reported: the budget's, or `Some(0)` while the configuration is
+    /// unusable (nothing can be allocated).
     fn limit_bytes(&self) -> Option<usize> {
         match self.config_error {
             None => self.budget.limit(),
