@@ -1,10 +1,11 @@
-//! One training step of the `ndmem train` MLP (Iris, 4-32-3, batch 64) under each memory
-//! mode: `pool` (blocks owned by handles), `workspaces` (a learned FirstLoop workspace per
-//! step) and `scopes` (a child scope per step). The model and step code are the command's
-//! own, from the `ndmem_cli` library. After the timings it prints steps/s per mode (from the
-//! median of 2000 timed steps), the `workspaces`/`pool` ratio (target: at least 1.5x), and
-//! pool and heap allocations per step after the first, and checks that `workspaces` takes
-//! none of either. The heap is the command's: `Tracking<System>` as the global allocator,
+//! One training step of the `ndmem train` MLP (Iris, 4-32-3) under each memory mode:
+//! `pool` (blocks owned by handles), `workspaces` (a learned FirstLoop workspace per step)
+//! and `scopes` (a child scope per step), at batch 16 (the command's default) and batch 64
+//! (four times the arithmetic per tensor, so the memory modes differ less). The model and
+//! step code are the command's own, from the `ndmem_cli` library. After each batch size's
+//! timings it prints steps/s per mode (from the median of 2000 timed steps), the
+//! `workspaces`/`pool` ratio (target: at least 1.5x), and pool and heap allocations per
+//! step after the first, and checks that `workspaces` takes none of either. The heap is the command's: `Tracking<System>` as the global allocator,
 //! whose counts `heap::stats()` reads (exact here: the bench's one thread allocates).
 
 use std::alloc::System;
@@ -23,8 +24,8 @@ use ndmem_cli::modes::{Mode, Trainer};
 #[global_allocator]
 static GLOBAL: Tracking<System> = Tracking::new(System);
 
-/// Rows per step.
-const BATCH: usize = 64;
+/// Rows per step: the command's default, and four times that.
+const BATCHES: [usize; 2] = [16, 64];
 /// Learning rate (small, so the many timed steps on one batch stay finite).
 const LR: f32 = 0.01;
 /// The command's default model: 4-32-3.
@@ -34,15 +35,15 @@ const DIMS: Dims = Dims {
     classes: CLASSES.len(),
 };
 
-/// The first batch `ndmem train --batch 64` trains on: 64 standardised training rows of
-/// the first epoch's shuffle (all three classes), and their one-hot labels.
-fn batch() -> (Vec<f32>, Vec<f32>) {
+/// The first batch `ndmem train --batch <rows>` trains on: `rows` standardised training
+/// rows of the first epoch's shuffle, and their one-hot labels.
+fn batch(rows: usize) -> (Vec<f32>, Vec<f32>) {
     let data = Dataset::iris().expect("the embedded CSV parses");
     let split = Split::new(&data, 42);
     let mut order: Vec<usize> = (0..split.train.rows()).collect();
     shuffler(42).shuffle(&mut order);
     let (mut x, mut y) = (Vec::new(), Vec::new());
-    fill_batch(&split.train, &order[..BATCH], &mut x, &mut y);
+    fill_batch(&split.train, &order[..rows], &mut x, &mut y);
     (x, y)
 }
 
@@ -67,8 +68,15 @@ fn steps_per_sec(mode: Mode, x: &[f32], y: &[f32], steps: usize) -> f64 {
 /// Times one step per mode (criterion), then prints steps/s per mode, the
 /// `workspaces`/`pool` ratio, and pool allocations per step after the first.
 fn training_step(c: &mut Criterion) {
-    let (x, y) = batch();
-    let mut group = c.benchmark_group("train_step_batch64");
+    for rows in BATCHES {
+        batch_size(c, rows);
+    }
+}
+
+/// [`training_step`] at `rows` rows a step.
+fn batch_size(c: &mut Criterion, rows: usize) {
+    let (x, y) = batch(rows);
+    let mut group = c.benchmark_group(format!("train_step_batch{rows}"));
     for mode in Mode::ALL {
         let mut trainer = Trainer::new(mode, DIMS, 42).unwrap();
         // The first step learns the workspace; a few more warm the pool's cache.
@@ -81,17 +89,17 @@ fn training_step(c: &mut Criterion) {
     }
     group.finish();
 
-    println!("steps/s per mode (median of 2000 steps, batch {BATCH}):");
+    println!("steps/s per mode (median of 2000 steps, batch {rows}):");
     let rates = Mode::ALL.map(|mode| steps_per_sec(mode, &x, &y, 2000));
     for (mode, rate) in Mode::ALL.iter().zip(rates) {
         println!("  {:<11} {rate:>9.0}", mode.name());
     }
     println!(
-        "workspaces / pool: {:.2}x (target: at least 1.5x)",
+        "workspaces / pool at batch {rows}: {:.2}x (target: at least 1.5x)",
         rates[1] / rates[0]
     );
 
-    println!("allocations per step after the first (100 steps, batch {BATCH}):");
+    println!("allocations per step after the first (100 steps, batch {rows}):");
     for mode in Mode::ALL {
         let mut trainer = Trainer::new(mode, DIMS, 42).unwrap();
         trainer.step(&x, &y, LR).unwrap();

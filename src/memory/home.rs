@@ -38,8 +38,11 @@ pub(crate) enum Home {
     Workspace(WorkspaceSlot),
     /// A pool block, valid until its owner frees it.
     Pool(PoolBlock),
-    /// Device memory, mirrored on the host on demand.
-    Device(DeviceHome),
+    /// Device memory, mirrored on the host on demand. Boxed: the mirror is most of its
+    /// size, and every op moves a `Home` (inside its header) a few times on the way into
+    /// the tensor, so the host variants stay small (one heap allocation beside the device
+    /// memory, a driver request or a device pool block, for a device tensor).
+    Device(Box<DeviceHome>),
 }
 
 /// A tensor's bytes on a device.
@@ -96,10 +99,10 @@ impl Home {
 
     /// Device memory (see [`DeviceSlot`]).
     pub(crate) fn device(slot: DeviceSlot) -> Home {
-        Home::Device(DeviceHome {
+        Home::Device(Box::new(DeviceHome {
             slot,
             handoff: Handoff::new(),
-        })
+        }))
     }
 
     /// The device memory, for device operations.

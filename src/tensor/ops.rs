@@ -974,9 +974,18 @@ struct Operands<'a, T> {
 }
 
 impl<T: Element> Operands<'_, T> {
-    /// All `m` rows of the product into `c`, four at a time; `A` and `B` are the operands'
-    /// layouts ([`ROWS`], [`COLUMNS`] or [`STRIDED`]).
+    /// All `m` rows of the product into `c`; `A` and `B` are the operands' layouts
+    /// ([`ROWS`], [`COLUMNS`] or [`STRIDED`]). Four rows at a time, in tiles up to 8
+    /// columns wide; a product 1 to 3 columns wide (a classifier's logits, their
+    /// gradients) in tiles of all its columns and up to 8 rows, which the compiler
+    /// vectorizes over the rows instead.
     fn rows<const A: u8, const B: u8>(&self, m: usize, c: &mut [T]) {
+        match self.n {
+            1 => return self.narrow::<1, A, B>(m, c),
+            2 => return self.narrow::<2, A, B>(m, c),
+            3 => return self.narrow::<3, A, B>(m, c),
+            _ => {}
+        }
         let mut i = 0;
         while i + 4 <= m {
             self.row_block::<4, A, B>(i, c);
@@ -1008,49 +1017,101 @@ impl<T: Element> Operands<'_, T> {
         }
     }
 
+    /// All `m` rows of a product `W` (= `n`) columns wide into `c`, in tiles of 8, 4, 2
+    /// and 1 rows.
+    fn narrow<const W: usize, const A: u8, const B: u8>(&self, m: usize, c: &mut [T]) {
+        debug_assert_eq!(self.n, W);
+        let mut i = 0;
+        while i + 8 <= m {
+            self.column_tile::<8, W, A, B>(i, c);
+            i += 8;
+        }
+        if i + 4 <= m {
+            self.column_tile::<4, W, A, B>(i, c);
+            i += 4;
+        }
+        if i + 2 <= m {
+            self.column_tile::<2, W, A, B>(i, c);
+            i += 2;
+        }
+        if i < m {
+            self.column_tile::<1, W, A, B>(i, c);
+        }
+    }
+
+    /// A's `R` rows from row `i`, sliced once if they are contiguous (empty otherwise).
+    #[inline(always)]
+    fn a_rows<const R: usize, const A: u8>(&self, i: usize) -> [&[T]; R] {
+        if A == ROWS {
+            let (a0, k) = (self.a_strides.0, self.k);
+            std::array::from_fn(|r| &self.a[(i + r) * a0..][..k])
+        } else {
+            [&[]; R]
+        }
+    }
+
+    /// B's `W` columns from column `j`, sliced once if they are contiguous (empty
+    /// otherwise).
+    #[inline(always)]
+    fn b_columns<const W: usize, const B: u8>(&self, j: usize) -> [&[T]; W] {
+        if B == COLUMNS {
+            let (b1, k) = (self.b_strides.1, self.k);
+            std::array::from_fn(|q| &self.b[(j + q) * b1..][..k])
+        } else {
+            [&[]; W]
+        }
+    }
+
+    /// `a[i..i + R, p]`, from the rows [`Operands::a_rows`] sliced or from A itself.
+    #[inline(always)]
+    fn a_at<const R: usize, const A: u8>(&self, a_rows: &[&[T]; R], i: usize, p: usize) -> [T; R] {
+        let (a0, a1) = self.a_strides;
+        match A {
+            ROWS => std::array::from_fn(|r| a_rows[r][p]),
+            COLUMNS => {
+                let run = &self.a[p * a1 + i..][..R];
+                std::array::from_fn(|r| run[r])
+            }
+            _ => std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1]),
+        }
+    }
+
+    /// `b[p, j..j + W]`, from the columns [`Operands::b_columns`] sliced or from B itself.
+    #[inline(always)]
+    fn b_at<const W: usize, const B: u8>(
+        &self,
+        b_columns: &[&[T]; W],
+        j: usize,
+        p: usize,
+    ) -> [T; W] {
+        let (b0, b1) = self.b_strides;
+        match B {
+            ROWS => {
+                let run = &self.b[p * b0 + j..][..W];
+                std::array::from_fn(|q| run[q])
+            }
+            COLUMNS => std::array::from_fn(|q| b_columns[q][p]),
+            _ => std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1]),
+        }
+    }
+
     /// `c[i..i + R, j..j + W]`, summed over `p` in order. Contiguous runs are sliced once
     /// (A's `R` rows for the tile, or its `R` elements at each `p`; B's `W` elements at
     /// each `p`, or its `W` columns for the tile), so the loop indexes within slices of
-    /// known length and the compiler can keep it free of bounds checks and vectorize it.
+    /// known length and the compiler can keep it free of bounds checks and vectorize it
+    /// over the tile's columns.
     #[inline(always)]
-    // `p` indexes A's and B's runs and both strides at once: no one iterator to zip.
-    #[allow(clippy::needless_range_loop)]
     fn tile<const R: usize, const W: usize, const A: u8, const B: u8>(
         &self,
         i: usize,
         j: usize,
         c: &mut [T],
     ) {
-        let ((a0, a1), (b0, b1)) = (self.a_strides, self.b_strides);
-        let k = self.k;
-        let a_rows: [&[T]; R] = if A == ROWS {
-            std::array::from_fn(|r| &self.a[(i + r) * a0..][..k])
-        } else {
-            [&[]; R]
-        };
-        let b_columns: [&[T]; W] = if B == COLUMNS {
-            std::array::from_fn(|q| &self.b[(j + q) * b1..][..k])
-        } else {
-            [&[]; W]
-        };
+        let (a_rows, b_columns) = (self.a_rows::<R, A>(i), self.b_columns::<W, B>(j));
         let mut sums = [[T::zero(); W]; R];
-        for p in 0..k {
-            let x: [T; R] = match A {
-                ROWS => std::array::from_fn(|r| a_rows[r][p]),
-                COLUMNS => {
-                    let run = &self.a[p * a1 + i..][..R];
-                    std::array::from_fn(|r| run[r])
-                }
-                _ => std::array::from_fn(|r| self.a[(i + r) * a0 + p * a1]),
-            };
-            let y: [T; W] = match B {
-                ROWS => {
-                    let run = &self.b[p * b0 + j..][..W];
-                    std::array::from_fn(|q| run[q])
-                }
-                COLUMNS => std::array::from_fn(|q| b_columns[q][p]),
-                _ => std::array::from_fn(|q| self.b[p * b0 + (j + q) * b1]),
-            };
+        for p in 0..self.k {
+            let x = self.a_at::<R, A>(&a_rows, i, p);
+            let y = self.b_at::<W, B>(&b_columns, j, p);
             for (row, x) in sums.iter_mut().zip(x) {
                 for (sum, y) in row.iter_mut().zip(y) {
                     *sum = sum.add_wrapping(x.mul_wrapping(y));
@@ -1059,6 +1120,33 @@ impl<T: Element> Operands<'_, T> {
         }
         for (r, row) in sums.iter().enumerate() {
             c[(i + r) * self.n + j..][..W].copy_from_slice(row);
+        }
+    }
+
+    /// `c[i..i + R, ..]` of a product `W` (= `n`) columns wide: as [`Operands::tile`],
+    /// with the sums held column by column so that the compiler vectorizes over the rows.
+    /// Each `c[i, j]` is the same sum, in the same order.
+    #[inline(always)]
+    fn column_tile<const R: usize, const W: usize, const A: u8, const B: u8>(
+        &self,
+        i: usize,
+        c: &mut [T],
+    ) {
+        let (a_rows, b_columns) = (self.a_rows::<R, A>(i), self.b_columns::<W, B>(0));
+        let mut sums = [[T::zero(); R]; W];
+        for p in 0..self.k {
+            let x = self.a_at::<R, A>(&a_rows, i, p);
+            let y = self.b_at::<W, B>(&b_columns, 0, p);
+            for (column, y) in sums.iter_mut().zip(y) {
+                for (sum, x) in column.iter_mut().zip(x) {
+                    *sum = sum.add_wrapping(x.mul_wrapping(y));
+                }
+            }
+        }
+        for (r, row) in c[i * W..][..R * W].chunks_exact_mut(W).enumerate() {
+            for (q, out) in row.iter_mut().enumerate() {
+                *out = sums[q][r];
+            }
         }
     }
 }

@@ -765,11 +765,17 @@ fn contiguous_and_strided_operands_give_the_same_bits() {
 
 /// The small matmul kernel has a copy for each pair of operand layouts (rows contiguous,
 /// columns contiguous, neither): every pair, at a shape that uses each tile width (8, 4,
-/// 2, 1 columns) and both row blocks (4 and 1 rows), gives the product of the same values
-/// bit for bit as summed over `k` in order from zero.
+/// 2, 1 columns) and both row blocks (4 and 1 rows), and at products 1, 2 and 3 columns
+/// wide (tiled by 8, 4, 2 and 1 rows instead), gives the product of the same values bit
+/// for bit as summed over `k` in order from zero.
 #[test]
 fn matmul_gives_the_same_bits_for_every_operand_layout() {
-    let (m, k, n) = (6, 5, 15);
+    for (m, k, n) in [(6, 5, 15), (15, 5, 1), (15, 7, 2), (15, 6, 3), (2, 3, 3)] {
+        matmul_bits_for_every_layout(m, k, n);
+    }
+}
+
+fn matmul_bits_for_every_layout(m: usize, k: usize, n: usize) {
     let a = Array2::from_shape_fn((m, k), |(i, p)| ((i * k + p) as f32 * 0.37).sin());
     let b = Array2::from_shape_fn((k, n), |(p, j)| ((p * n + j) as f32 * 0.91).cos());
     let product = |a: &Array2<f32>, b: &Array2<f32>| {
@@ -811,7 +817,11 @@ fn matmul_gives_the_same_bits_for_every_operand_layout() {
             let got = arr::<f32>(&ta.matmul(&tb).unwrap());
             let expected = product(&a_values, &b_values);
             let bits = |x: &ArrayD<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&expected), "A {a_name}, B {b_name}");
+            assert_eq!(
+                bits(&got),
+                bits(&expected),
+                "[{m}, {k}] x [{k}, {n}]: A {a_name}, B {b_name}"
+            );
         }
     }
 }
