@@ -262,23 +262,42 @@ impl<T: std::fmt::Debug> std::fmt::Debug for TensorView<'_, T> {
 /// `isize` (ndarray's rule, applied to zero-size shapes too, so their strides and views
 /// never overflow).
 fn element_count(op: &str, shape: &[usize], elem_size: usize) -> Result<usize> {
-    let too_large = || Error::Shape {
+    let nonzero = shape
+        .iter()
+        .filter(|d| **d != 0)
+        .try_fold(1usize, |n, d| n.checked_mul(*d));
+    match nonzero.and_then(|n| n.checked_mul(elem_size.max(1))) {
+        Some(bytes) if bytes <= isize::MAX as usize => {}
+        _ => return Err(too_large(op, shape, elem_size)),
+    }
+    Ok(if shape.contains(&0) {
+        0
+    } else {
+        nonzero.unwrap_or(0)
+    })
+}
+
+/// The error of [`element_count`] (out of line: the hot path only tests).
+#[cold]
+#[inline(never)]
+fn too_large(op: &str, shape: &[usize], elem_size: usize) -> Error {
+    Error::Shape {
         op: op.into(),
         message: format!(
             "shape {shape:?} cannot describe memory: the product of its non-zero axis lengths \
              times the element size ({elem_size} bytes) overflows isize"
         ),
-    };
-    let nonzero = shape
-        .iter()
-        .filter(|d| **d != 0)
-        .try_fold(1usize, |n, d| n.checked_mul(*d))
-        .ok_or_else(too_large)?;
-    match nonzero.checked_mul(elem_size.max(1)) {
-        Some(bytes) if bytes <= isize::MAX as usize => {}
-        _ => return Err(too_large()),
     }
-    Ok(if shape.contains(&0) { 0 } else { nonzero })
+}
+
+/// The error of [`Tensor::check_dtype`] (out of line: the hot path only compares).
+#[cold]
+#[inline(never)]
+fn dtype_mismatch(op: &str, arg: &str, got: DType, wanted: DType) -> Error {
+    Error::DType {
+        op: op.into(),
+        message: format!("{arg} argument is {got}, not {wanted}"),
+    }
 }
 
 /// Row-major strides of `shape`, or a shape error if they overflow (they cannot for a
@@ -288,14 +307,22 @@ fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Dims> {
     let mut step = 1usize;
     for (stride, dim) in strides.iter_mut().zip(shape).rev() {
         *stride = step;
-        step = step
-            .checked_mul((*dim).max(1))
-            .ok_or_else(|| Error::Shape {
-                op: op.into(),
-                message: format!("shape {shape:?} has strides that overflow usize"),
-            })?;
+        step = match step.checked_mul((*dim).max(1)) {
+            Some(next) => next,
+            None => return Err(strides_overflow(op, shape)),
+        };
     }
     Ok(strides)
+}
+
+/// The error of [`contiguous_strides`] (out of line).
+#[cold]
+#[inline(never)]
+fn strides_overflow(op: &str, shape: &[usize]) -> Error {
+    Error::Shape {
+        op: op.into(),
+        message: format!("shape {shape:?} has strides that overflow usize"),
+    }
 }
 
 impl Tensor {
@@ -656,12 +683,10 @@ impl Tensor {
         })
     }
 
+    #[inline]
     fn check_dtype<T: Element>(&self, op: &str, arg: &str) -> Result<()> {
         if T::DTYPE != self.dtype {
-            return Err(Error::DType {
-                op: op.into(),
-                message: format!("{arg} argument is {}, not {}", self.dtype, T::DTYPE),
-            });
+            return Err(dtype_mismatch(op, arg, self.dtype, T::DTYPE));
         }
         Ok(())
     }
