@@ -5,8 +5,9 @@
 //! step code are the command's own, from the `ndmem_cli` library. After each batch size's
 //! timings it prints steps/s per mode (from the median of 2000 timed steps), the
 //! `workspaces`/`pool` ratio (target: at least 1.5x), and pool and heap allocations per
-//! step after the first, and checks that `workspaces` takes none of either. The heap is the command's: `Tracking<System>` as the global allocator,
-//! whose counts `heap::stats()` reads (exact here: the bench's one thread allocates).
+//! step after the first, and checks that `workspaces` takes none of either. The heap is
+//! the command's: `Tracking<System>` as the global allocator, whose counts `heap::stats()`
+//! reads (exact here: the bench's one thread allocates).
 
 use std::alloc::System;
 use std::hint::black_box;

@@ -903,8 +903,9 @@ impl Repeat {
 
 /// `c = a @ b` for an `[m, k]` matrix `a` and a `[k, n]` matrix `b`, each given as its
 /// elements from its first one and its strides in elements, into the row-major `[m, n]`
-/// slice `c`, tile by tile: each tile of `c` (up to 4 rows by 8 columns) is summed in
-/// registers over all of `p`, then stored. Each `c[i, j]` starts at zero and adds
+/// slice `c`, tile by tile: each tile of `c` (up to 4 rows by 8 columns, or for a product
+/// 1 to 3 columns wide up to 8 rows by all of them) is summed in registers over all of
+/// `p`, then stored. Each `c[i, j]` starts at zero and adds
 /// `a[i, p] * b[p, j]` for `p` in order (integers wrap), so the result depends only on the
 /// values, never on the tiling.
 fn small_matmul<T: Element>(
