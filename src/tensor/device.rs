@@ -10,7 +10,7 @@
 //! fresh output, or, in place, the device side of the only handle to the memory.
 
 use super::storage::Placement;
-use super::{contiguous_strides, element_count, DType, Dims, Tensor};
+use super::{contiguous_layout, contiguous_strides, DType, Dims, Tensor};
 use crate::device::slot::{DeviceSlot, RawRange};
 use crate::device::{BinaryOp, Device, UnaryOp};
 use crate::error::{Error, Result};
@@ -135,7 +135,7 @@ impl Tensor {
         shape: &[usize],
         write: impl FnOnce(&mut RawRange) -> Result<()>,
     ) -> Result<Tensor> {
-        let n = element_count(op, shape, 4)?;
+        let (n, strides) = contiguous_layout(op, shape, 4)?;
         let slot = DeviceSlot::for_output(device, (n * 4).max(4))?;
         let mut range = slot.device_range(true)?;
         write(&mut range)?;
@@ -143,7 +143,7 @@ impl Tensor {
             storage: Handle::new(Owned::new(Home::device(slot))),
             dtype: DType::F32,
             shape: Dims::from_slice(shape),
-            strides: contiguous_strides(op, shape)?,
+            strides,
             offset: 0,
         })
     }

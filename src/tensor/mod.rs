@@ -277,6 +277,44 @@ fn element_count(op: &str, shape: &[usize], elem_size: usize) -> Result<usize> {
     })
 }
 
+/// [`element_count`] and [`contiguous_strides`] of a new tensor's `shape` in one pass (the
+/// strides' partial products are the element count's, so they overflow only where it
+/// does), with [`element_count`]'s error.
+#[inline]
+fn contiguous_layout(op: &str, shape: &[usize], elem_size: usize) -> Result<(usize, Dims)> {
+    const INLINE: usize = 4;
+    // Up to `INLINE` axes the strides are written into an array and moved in whole, with
+    // no test of where the vector keeps them.
+    let mut inline = [0usize; INLINE];
+    let mut spilled = Dims::new();
+    let strides: &mut [usize] = if shape.len() <= INLINE {
+        &mut inline[..shape.len()]
+    } else {
+        spilled = Dims::from_elem(0, shape.len());
+        &mut spilled
+    };
+    let mut step = 1usize;
+    let mut empty = false;
+    for (stride, &dim) in strides.iter_mut().zip(shape).rev() {
+        *stride = step;
+        empty |= dim == 0;
+        step = match step.checked_mul(dim.max(1)) {
+            Some(next) => next,
+            None => return Err(too_large(op, shape, elem_size)),
+        };
+    }
+    match step.checked_mul(elem_size.max(1)) {
+        Some(bytes) if bytes <= isize::MAX as usize => {}
+        _ => return Err(too_large(op, shape, elem_size)),
+    }
+    let strides = if shape.len() <= INLINE {
+        Dims::from_buf_and_len(inline, shape.len())
+    } else {
+        spilled
+    };
+    Ok((if empty { 0 } else { step }, strides))
+}
+
 /// The error of [`element_count`] (out of line: the hot path only tests).
 #[cold]
 #[inline(never)]
@@ -513,9 +551,8 @@ impl Tensor {
         shape: &[usize],
         placement: Placement<'_>,
     ) -> Result<Output<T>> {
-        let n = element_count(op, shape, size_of::<T>())?;
-        let strides = contiguous_strides(op, shape)?;
-        // Cannot overflow: element_count bounds it by isize::MAX.
+        let (n, strides) = contiguous_layout(op, shape, size_of::<T>())?;
+        // Cannot overflow: contiguous_layout bounds it by isize::MAX.
         let bytes = n * size_of::<T>();
         let storage =
             NewStorage::allocate(op, bytes.max(size_of::<T>()), align_of::<T>(), placement)?;
