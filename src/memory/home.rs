@@ -227,16 +227,22 @@ impl Home {
         }
     }
 
-    /// The bytes, writable, if live: `&mut` proves the home is not shared yet (a fresh
-    /// output being filled), so nobody else can read them.
-    pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+    /// The bytes, writable, if live, of a home not shared yet (a fresh output being
+    /// filled).
+    ///
+    /// # Safety
+    /// Nothing else can reach this home (nor so its bytes) while the bytes are borrowed:
+    /// the caller holds the only reference to its header, exclusively.
+    #[allow(clippy::mut_from_ref)] // the exclusivity is the caller's contract
+    pub(crate) unsafe fn bytes_mut_unshared(&self) -> Option<&mut [u8]> {
         if !self.is_live() {
             return None;
         }
         let (ptr, len) = self.raw(Access::Overwrite)?;
         // SAFETY: the memory is live (checked above) and `len` bytes long (a workspace
-        // bump or a pool block of at least `len` bytes, both initialised memory); `&mut
-        // self` excludes every other access through this home, the only one to the bytes.
+        // bump or a pool block of at least `len` bytes, both initialised memory); the
+        // caller's contract excludes every other access through this home, the only one to
+        // the bytes.
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
     }
 

@@ -81,11 +81,6 @@ impl Owned {
         }
     }
 
-    /// Where the bytes live, exclusively: the memory is not shared yet.
-    pub(crate) fn home_mut(&mut self) -> &mut Home {
-        self.home.as_mut().expect("a header in use holds a home")
-    }
-
     /// Where the bytes live.
     #[inline(always)]
     fn home(&self) -> &Home {
@@ -370,16 +365,7 @@ unsafe impl Sync for Handle {}
 impl Handle {
     /// Shares `owned` behind a header, a spare one of this thread if there is one.
     pub(crate) fn new(mut owned: Owned) -> Handle {
-        // One thread-local access: the maker's token and a spare header, if any.
-        let (maker, spare) = SPARE
-            .try_with(|s| {
-                let mut spare = s.borrow_mut();
-                if spare.is_empty() && !take_from_depot(&mut spare) {
-                    return (token_of(s), None);
-                }
-                (token_of(s), spare.pop())
-            })
-            .unwrap_or((0, None));
+        let (maker, spare) = take_spare();
         owned.maker = maker;
         let owned = match spare {
             Some(mut header) => match Arc::get_mut(&mut header) {
@@ -433,6 +419,104 @@ impl Handle {
     /// The shared header.
     pub(crate) fn arc(&self) -> &Arc<Owned> {
         &self.owned
+    }
+}
+
+/// This thread's token and a spare header, if it has one (one thread-local access).
+#[inline]
+fn take_spare() -> (usize, Option<Arc<Owned>>) {
+    SPARE
+        .try_with(|s| {
+            let mut spare = s.borrow_mut();
+            if spare.is_empty() && !take_from_depot(&mut spare) {
+                return (token_of(s), None);
+            }
+            (token_of(s), spare.pop())
+        })
+        .unwrap_or((0, None))
+}
+
+/// A header for memory not shared yet, filled in place (a spare of this thread's if it has
+/// one), so the memory's record is written once instead of moved through the op that
+/// fills it. It is the only reference to its allocation until [`Fresh::share`], so the
+/// bytes are written through it with no count to check; dropped unshared, it releases the
+/// memory and goes back to the spares.
+#[derive(Debug)]
+pub(crate) struct Fresh {
+    /// `Some` until shared: the only reference to its allocation, holding a home.
+    header: Option<Arc<Owned>>,
+}
+
+impl Fresh {
+    /// A header holding `home`, owned by its handles.
+    pub(crate) fn new(home: Home) -> Fresh {
+        let (maker, spare) = take_spare();
+        let header = match spare {
+            Some(mut header) => match Arc::get_mut(&mut header) {
+                Some(slot) => {
+                    // A spare's owner and owner references were cleared when it was
+                    // recycled; only the home and the maker are new.
+                    slot.home = Some(home);
+                    slot.maker = maker;
+                    header
+                }
+                None => Arc::new(Owned {
+                    maker,
+                    ..Owned::new(home)
+                }),
+            },
+            None => Arc::new(Owned {
+                maker,
+                ..Owned::new(home)
+            }),
+        };
+        Fresh {
+            header: Some(header),
+        }
+    }
+
+    /// The record, to check the memory and to place other memory beside it.
+    #[inline]
+    pub(crate) fn owned(&self) -> &Owned {
+        self.header
+            .as_ref()
+            .expect("a fresh header until it is shared")
+    }
+
+    /// The bytes, writable, if the memory is live.
+    #[inline]
+    pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let owned = self
+            .header
+            .as_ref()
+            .expect("a fresh header until it is shared");
+        // SAFETY: `header` is the only reference to its allocation (made unique above and
+        // never cloned before `share` consumes this value), and `&mut self` excludes every
+        // other use of it for as long as the bytes are borrowed, so nothing else can reach
+        // the home or its bytes.
+        unsafe { owned.home().bytes_mut_unshared() }
+    }
+
+    /// Shares the memory: its first handle.
+    #[inline]
+    pub(crate) fn share(mut self) -> Handle {
+        let header = self
+            .header
+            .take()
+            .expect("a fresh header until it is shared");
+        let probe = header.home().probe();
+        Handle {
+            owned: ManuallyDrop::new(header),
+            probe,
+        }
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        if let Some(header) = self.header.take() {
+            recycle(header);
+        }
     }
 }
 

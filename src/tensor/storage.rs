@@ -13,7 +13,7 @@ use ndmem_alloc::Usage;
 
 use crate::error::{Error, Result};
 use crate::memory::home::Home;
-use crate::memory::owner::{Handle, Owned, Owner};
+use crate::memory::owner::{Fresh, Handle, Owned, Owner};
 use crate::memory::MemorySource;
 use crate::workspace;
 
@@ -43,7 +43,7 @@ pub(crate) enum Placement<'a> {
 /// A tensor's memory that is not shared yet, so its bytes may be written.
 #[derive(Debug)]
 pub(crate) struct NewStorage {
-    owned: Owned,
+    fresh: Fresh,
     owner: Option<Arc<Owner>>,
 }
 
@@ -73,7 +73,7 @@ impl NewStorage {
         };
         if let Some(memory) = in_workspace {
             return Ok(NewStorage {
-                owned: Owned::new(Home::workspace(memory?, bytes)),
+                fresh: Fresh::new(Home::workspace(memory?, bytes)),
                 owner: None,
             });
         }
@@ -95,7 +95,7 @@ impl NewStorage {
         }
         let block = source.allocate(bytes, layout.align(), Usage::Tensor)?;
         Ok(NewStorage {
-            owned: Owned::new(Home::pool(block, bytes, source)),
+            fresh: Fresh::new(Home::pool(block, bytes, source)),
             owner,
         })
     }
@@ -103,11 +103,10 @@ impl NewStorage {
     /// The bytes, writable, after the validity check (`op`'s `Z`): nobody else can see
     /// this memory yet.
     pub(crate) fn bytes_mut(&mut self, op: &str) -> Result<&mut [u8]> {
-        self.owned.check(op, "Z")?;
+        self.fresh.owned().check(op, "Z")?;
         // Live a moment ago, on this thread, and not shared: it still is (the error is
         // only for a cycle that ended in between, which nothing here does).
-        self.owned
-            .home_mut()
+        self.fresh
             .bytes_mut()
             .ok_or_else(|| Error::LeakedWorkspacePointer {
                 op: op.into(),
@@ -119,7 +118,7 @@ impl NewStorage {
     /// Shares the memory (in a recycled header when this thread has one), handing it to
     /// its owner if it has one.
     pub(crate) fn share(self, op: &str) -> Result<Handle> {
-        let handle = Handle::new(self.owned);
+        let handle = self.fresh.share();
         if let Some(owner) = self.owner {
             owner.adopt(op, handle.arc())?;
         }
