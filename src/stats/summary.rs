@@ -10,8 +10,10 @@ use std::fmt;
 use ndmem_alloc::ByteSize;
 
 use super::{
-    BudgetCounters, PoolSnapshot, Reclamation, ScopeSnapshot, Snapshot, Stat, WorkspaceEntry,
+    BudgetCounters, DeviceSnapshot, PoolSnapshot, Reclamation, ScopeSnapshot, Snapshot, Stat,
+    TraceState, WorkspaceEntry,
 };
+use crate::device::DeviceStats;
 
 /// Characters of the label column of a budget row.
 const LABEL: usize = 30;
@@ -244,6 +246,71 @@ impl fmt::Display for ScopeSnapshot {
 impl fmt::Display for Reclamation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "pending reclamation {}", ByteSize(self.pending_bytes))
+    }
+}
+
+impl fmt::Display for DeviceStats {
+    /// Three lines: held against the limit, driver and pinned memory, transfers.
+    ///
+    /// ```text
+    /// device: used 3.00 MiB of 8.00 GiB (live 2.00 MiB, cached 1.00 MiB), peak live 2.50 MiB
+    ///   driver allocations 4, frees 1, pool hits 20; pinned 64.0 KiB in 2 allocations; deferred 0 B
+    ///   transfers 3 in (12.0 KiB), 2 out (8.00 KiB), 0 on device (0 B); staged 4.00 KiB; synchronizations 5
+    /// ```
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "device: used {} of {} (live {}, cached {}), peak live {}",
+            ByteSize(self.used_bytes),
+            limit(self.limit),
+            ByteSize(self.live_bytes),
+            ByteSize(self.cached_bytes),
+            ByteSize(self.peak_live_bytes)
+        )?;
+        writeln!(
+            f,
+            "  driver allocations {}, frees {}, pool hits {}; pinned {} in {} allocations; \
+             deferred {}",
+            self.driver_allocations,
+            self.driver_frees,
+            self.pool_hits,
+            ByteSize(self.pinned_bytes),
+            self.pinned_allocations,
+            ByteSize(self.deferred_bytes)
+        )?;
+        write!(
+            f,
+            "  transfers {} in ({}), {} out ({}), {} on device ({}); staged {}; \
+             synchronizations {}",
+            self.htod_transfers,
+            bytes(self.htod_bytes),
+            self.dtoh_transfers,
+            bytes(self.dtoh_bytes),
+            self.dtod_transfers,
+            bytes(self.dtod_bytes),
+            bytes(self.staged_bytes),
+            self.synchronizations
+        )
+    }
+}
+
+impl fmt::Display for DeviceSnapshot {
+    /// `[sim:0] simulated device` and the device's figures ([`DeviceStats`]).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}\n{}", self.id, self.name, self.stats)
+    }
+}
+
+impl fmt::Display for TraceState {
+    /// `trace: on, ring of 65536 events, 0 dropped`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "trace: {}, ring of {} events, {} dropped",
+            if self.on { "on" } else { "off" },
+            self.capacity,
+            self.dropped
+        )
     }
 }
 

@@ -1026,6 +1026,44 @@ fn devices_join_the_snapshot_and_their_refusals_the_timeline() {
     drop(held);
 }
 
+#[test]
+fn a_snapshots_device_and_recorder_parts_print_their_figures() {
+    use ndmem::alloc::ByteSize;
+    use ndmem::device::{self, SimConfig};
+    let gpu = device::sim(SimConfig::new(8).total_memory(64 << 20)).unwrap();
+    let mut held = gpu.allocate(300 << 10).unwrap();
+    gpu.upload(&[7u8; 1024], &mut held).unwrap();
+    let snap = stats::snapshot();
+    let d = snap
+        .devices
+        .iter()
+        .find(|d| d.id == "sim:8")
+        .expect("an open device is in the snapshot");
+    let printed = d.to_string();
+    let stats = gpu.stats();
+    for part in [
+        "[sim:8] simulated device\ndevice: used ".to_string(),
+        format!("(live {},", ByteSize(stats.live_bytes)),
+        format!("driver allocations {},", stats.driver_allocations),
+        format!("transfers 1 in ({}), 0 out", ByteSize(1024)),
+    ] {
+        assert!(printed.contains(&part), "{part:?} in\n{printed}");
+    }
+    assert_eq!(printed.lines().count(), 4, "{printed}");
+
+    let _lock = trace_lock();
+    trace::start(64).unwrap();
+    let on = stats::snapshot().trace;
+    trace::stop();
+    let off = stats::snapshot().trace;
+    assert_eq!(
+        on.to_string(),
+        format!("trace: on, ring of {} events, 0 dropped", on.capacity)
+    );
+    assert!(off.to_string().starts_with("trace: off, ring of "), "{off}");
+    drop(held);
+}
+
 /// Panics unless every line of `summary` is as wide as the first, in characters.
 fn assert_lines_equally_wide(summary: &str) {
     let width = summary.lines().next().unwrap().chars().count();
