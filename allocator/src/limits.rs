@@ -530,6 +530,10 @@ mod tests {
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
         assert!(parse_size("16777216T").is_err(), "2^64 overflows");
+        // Up to 18 decimal places (exact integer arithmetic), and the reason past them.
+        assert_eq!(parse_size("1.000000000000000000K").unwrap(), 1024);
+        let err = parse_size("1.0000000000000000000K").unwrap_err();
+        assert!(err.to_string().contains("too many decimal places"), "{err}");
     }
 
     #[test]

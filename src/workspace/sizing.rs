@@ -45,10 +45,12 @@ pub(crate) fn padding(address: usize, align: usize) -> usize {
 }
 
 /// What a spilled request of `size` bytes aligned to `align` counts for in a workspace
-/// aligned to `workspace_align`: its size rounded to `align`, plus the worst padding
-/// before it when it is more aligned than the workspace. `None` if that overflows `isize`.
+/// aligned to `workspace_align`: what the buffer's bump would take for it, its size rounded
+/// to the workspace alignment, plus the most padding a bump can need before it when it is
+/// more aligned than the workspace (`align - workspace_align`: a bump starts at a multiple
+/// of the workspace alignment). `None` if that overflows `isize`.
 pub(crate) fn spilled_bytes(size: usize, align: usize, workspace_align: usize) -> Option<usize> {
-    size.checked_next_multiple_of(align)
+    size.checked_next_multiple_of(workspace_align)
         .and_then(|s| s.checked_add(align - align.min(workspace_align)))
         .filter(|s| *s <= isize::MAX as usize)
 }
@@ -233,12 +235,21 @@ mod tests {
     #[test]
     fn spilled_requests_count_their_rounded_size_and_worst_padding() {
         assert_eq!(spilled_bytes(1000, 16, 16), Some(1008));
-        assert_eq!(spilled_bytes(1000, 64, 16), Some(1024 + 48));
-        assert_eq!(spilled_bytes(1, 1, 16), Some(1), "less aligned: no padding");
-        assert_eq!(spilled_bytes(usize::MAX - 3, 16, 16), None);
+        // Rounded to the workspace alignment (as a bump rounds it), not to the request's.
+        assert_eq!(spilled_bytes(1000, 64, 16), Some(1008 + 48));
+        assert_eq!(spilled_bytes(5, 64, 16), Some(16 + 48));
+        assert_eq!(spilled_bytes(1, 16, 16), Some(16), "as aligned: no padding");
         assert_eq!(
-            spilled_bytes(isize::MAX as usize, 1, 16),
-            Some(isize::MAX as usize)
+            spilled_bytes(1, 1, 16),
+            Some(16),
+            "less aligned: no padding"
+        );
+        assert_eq!(spilled_bytes(usize::MAX - 3, 16, 16), None);
+        // Rounded to 16, the largest request passes isize.
+        assert_eq!(spilled_bytes(isize::MAX as usize, 1, 16), None);
+        assert_eq!(
+            spilled_bytes(isize::MAX as usize - 15, 1, 16),
+            Some(isize::MAX as usize - 15)
         );
         assert_eq!(spilled_bytes(isize::MAX as usize, 2, 16), None);
     }

@@ -202,6 +202,26 @@ fn cap_trips_on_attach_and_on_new_outputs() {
 }
 
 #[test]
+fn a_capped_scopes_tensor_still_feeds_views_and_ops_whose_output_goes_to_a_workspace() {
+    let scope = Scope::new_base("capped_views");
+    let x = scope.ones(DType::F32, &[2, 3]).unwrap();
+    scope.cap();
+    // Views allocate nothing, so nothing is placed in the scope.
+    assert_eq!(x.transpose().unwrap().shape(), &[3, 2]);
+    assert_eq!(x.reshape(&[6]).unwrap().shape(), &[6]);
+    assert_eq!(x.broadcast_to(&[4, 2, 3]).unwrap().shape(), &[4, 2, 3]);
+    // An op that allocates is refused, unless its output goes to the current workspace.
+    assert!(matches!(x.copy(), Err(Error::ScopeCapped { .. })));
+    let ws = ndmem::workspaces();
+    let cfg = ndmem::WorkspaceConfig::default();
+    let g = ws.get_and_activate(&cfg, "CAPPED_SCOPE_WS").unwrap();
+    let y = x.add_scalar(1.0).unwrap();
+    assert_eq!(y.workspace(), Some("CAPPED_SCOPE_WS"));
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0; 6]);
+    drop((y, g));
+}
+
+#[test]
 fn a_capped_scope_opens_no_child_and_keeps_the_ones_it_had() {
     // Semantics §4 (DJL: newSubManager of a capped manager throws).
     let scope = Scope::new_base("capped parent");
