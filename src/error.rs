@@ -305,10 +305,11 @@ impl fmt::Display for OomReport {
                 ..
             } => write!(
                 f,
-                "Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; {} {} of {} limit in use ({holders})",
+                "Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; {} {} of {} limit in use ({})",
                 kind.budget(),
                 ByteSize(*used),
-                ByteSize(*limit)
+                ByteSize(*limit),
+                holders.of(*kind)
             )?,
             other => write!(f, "{other}")?,
         }

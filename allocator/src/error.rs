@@ -72,7 +72,27 @@ pub struct Holders {
 }
 
 impl fmt::Display for Holders {
+    /// A host pool's holders; [`Holders::of`] words them for a device.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f, MemoryKind::Host)
+    }
+}
+
+impl Holders {
+    /// The holders of `kind`'s budget: a host pool's mirror bytes are host copies of device
+    /// buffers (`host mirrors`), a device's are the mirrors' device sides (`mirror device
+    /// sides`).
+    pub fn of(&self, kind: MemoryKind) -> impl fmt::Display + '_ {
+        struct Of<'a>(&'a Holders, MemoryKind);
+        impl fmt::Display for Of<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.write(f, self.1)
+            }
+        }
+        Of(self, kind)
+    }
+
+    fn write(&self, f: &mut fmt::Formatter<'_>, kind: MemoryKind) -> fmt::Result {
         write!(
             f,
             "workspaces {}, tensors {}, cached {}",
@@ -81,7 +101,11 @@ impl fmt::Display for Holders {
             ByteSize(self.cached)
         )?;
         if self.mirrors > 0 {
-            write!(f, ", host mirrors {}", ByteSize(self.mirrors))?;
+            let label = match kind {
+                MemoryKind::Host => "host mirrors",
+                MemoryKind::Device(_) => "mirror device sides",
+            };
+            write!(f, ", {label} {}", ByteSize(self.mirrors))?;
         }
         if self.other > 0 {
             write!(f, ", other {}", ByteSize(self.other))?;
@@ -237,7 +261,7 @@ impl fmt::Display for OomMessage<'_> {
             self.kind.budget(),
             ByteSize(self.used),
             ByteSize(self.limit),
-            self.holders,
+            self.holders.of(self.kind),
             self.variable
         )
     }

@@ -153,7 +153,7 @@ fn parse_size_of(text: &[u8], whole_of: PercentOf) -> Result<usize, SizeError> {
         // Percent of RAM: whole.fraction / 100 * ram, computed in integers.
         let (scaled, denominator) = percentage(whole, fraction, whole_of)?;
         let ram = physical_ram() as u128;
-        let bytes = ram * scaled / (100 * denominator);
+        let bytes = scale_by(scaled, ram, 100 * denominator).ok_or("it overflows")?;
         if bytes == 0 && scaled > 0 {
             // Not "0" (no limit): the user asked for a limit, just a tiny one.
             return Err("the percentage is less than one byte of RAM (0 means no limit)");
@@ -163,7 +163,7 @@ fn parse_size_of(text: &[u8], whole_of: PercentOf) -> Result<usize, SizeError> {
 
     let shift = unit_shift(suffix)?;
     let (scaled, denominator) = scale_decimal(whole, fraction)?;
-    let bytes = scaled.checked_mul(1u128 << shift).ok_or("it overflows")? / denominator;
+    let bytes = scale_by(scaled, 1u128 << shift, denominator).ok_or("it overflows")?;
     if fraction.is_some() && shift == 0 && scaled % denominator != 0 {
         return Err("a byte count must be a whole number");
     }
@@ -193,21 +193,38 @@ fn split_decimal(number: &[u8]) -> Result<(&[u8], Option<&[u8]>), SizeError> {
     Ok((whole, fraction))
 }
 
-/// `whole.fraction` as `scaled / denominator` in exact integers.
+/// `whole.fraction` as `scaled / denominator` in exact integers. The whole part is at most
+/// `u64::MAX` (more overflows any size) and the fraction 18 digits, so `scaled` stays
+/// below 2^124 and `denominator` at most 10^18.
 fn scale_decimal(whole: &[u8], fraction: Option<&[u8]>) -> Result<(u128, u128), SizeError> {
     let fraction = fraction.unwrap_or_default();
     if fraction.len() > 18 {
         return Err("it has too many decimal places");
     }
     let mut scaled: u128 = 0;
-    for digit in whole.iter().chain(fraction) {
+    for digit in whole {
         scaled = scaled
             .checked_mul(10)
             .and_then(|s| s.checked_add(u128::from(digit - b'0')))
             .filter(|s| *s <= u128::from(u64::MAX))
             .ok_or("it overflows")?;
     }
+    for digit in fraction {
+        // Cannot overflow: below 2^64 x 10^18 < 2^124.
+        scaled = scaled * 10 + u128::from(digit - b'0');
+    }
     Ok((scaled, 10u128.pow(fraction.len() as u32)))
+}
+
+/// `floor(scaled * factor / denominator)` without overflow for `scaled < 2^124`,
+/// `denominator <= 10^20` and `factor <= 2^64`; `None` if the result passes `u128` (it
+/// cannot be a size then).
+fn scale_by(scaled: u128, factor: u128, denominator: u128) -> Option<u128> {
+    let (whole, rest) = (scaled / denominator, scaled % denominator);
+    // `rest < 10^20 < 2^67` and `factor <= 2^64`: the product fits.
+    whole
+        .checked_mul(factor)?
+        .checked_add(rest * factor / denominator)
 }
 
 /// `K`/`KB`/`KiB` and friends as a power of two; an empty suffix or `B` means bytes.
@@ -532,6 +549,22 @@ mod tests {
         assert!(parse_size("16777216T").is_err(), "2^64 overflows");
         // Up to 18 decimal places (exact integer arithmetic), and the reason past them.
         assert_eq!(parse_size("1.000000000000000000K").unwrap(), 1024);
+        assert_eq!(parse_size("20.000000000000000000").unwrap(), 20);
+        assert_eq!(parse_size("20.000000000000000000K").unwrap(), 20 << 10);
+        assert_eq!(parse_size("2048.0000000000000000").unwrap(), 2048);
+        assert_eq!(parse_size("1.000000000000000001P").unwrap(), 1 << 50);
+        assert_eq!(
+            parse_size("50.000000000000000000%").unwrap(),
+            parse_size("50%").unwrap()
+        );
+        assert_eq!(
+            parse_size("33.333333333333333333%").unwrap(),
+            (physical_ram() as u128 * 33_333_333_333_333_333_333 / 10u128.pow(20)) as usize
+        );
+        assert!(
+            parse_size("18446744073709551616").is_err(),
+            "2^64 overflows"
+        );
         let err = parse_size("1.0000000000000000000K").unwrap_err();
         assert!(err.to_string().contains("too many decimal places"), "{err}");
     }

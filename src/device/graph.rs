@@ -169,8 +169,13 @@ impl Region {
         self.len / 4
     }
 
+    /// Whether the two regions share bytes: in the same graph memory, at overlapping
+    /// offsets (regions of two memories never overlap; using one with the other memory is
+    /// refused as such).
     fn overlaps(&self, other: &Region) -> bool {
-        self.offset < other.offset + other.len && other.offset < self.offset + self.len
+        self.memory == other.memory
+            && self.offset < other.offset + other.len
+            && other.offset < self.offset + self.len
     }
 }
 
@@ -341,20 +346,23 @@ impl GraphMemory {
         inputs: [Region; N],
         output: Region,
     ) -> Result<([RegionRef<'_>; N], RegionMut<'_>)> {
+        // Each region is checked to be of this memory first, so a foreign one is refused
+        // as such, whatever its offsets.
+        let out = self.range(output)?;
+        let mut ranges = [out; N];
+        for (range, region) in ranges.iter_mut().zip(inputs) {
+            *range = self.range(region)?;
+        }
         if let Some(i) = inputs.iter().position(|r| r.overlaps(&output)) {
             return Err(misuse(
                 self.device.ordinal(),
                 format!("the output region overlaps input {i}"),
             ));
         }
-        let out = self.range(output)?;
-        let mut refs = [RegionRef {
-            range: out,
+        let refs = ranges.map(|range| RegionRef {
+            range,
             _memory: std::marker::PhantomData,
-        }; N];
-        for (r, region) in refs.iter_mut().zip(inputs) {
-            r.range = self.range(region)?;
-        }
+        });
         Ok((
             refs,
             RegionMut {

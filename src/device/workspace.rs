@@ -48,7 +48,21 @@ impl Memory {
             Memory::Pinned(p) => p.len(),
         }
     }
+
+    /// Where bumps start, the first address aligned to `align` (the workspace alignment),
+    /// and the bytes from there: device memory is aligned to [`DEVICE_ALIGN`] only, while
+    /// the learned size assumes a buffer aligned as the workspace (a host pool block of
+    /// that size is), so a bump pads from the aligned start, never from the buffer's.
+    fn aligned(&self, align: usize) -> (u64, usize) {
+        let base = self.ptr();
+        let lead = padding(base as usize, align);
+        (base + lead as u64, self.len().saturating_sub(lead))
+    }
 }
+
+/// The alignment device memory is guaranteed (the driver's, and the simulated device's):
+/// a workspace aligned more takes its buffer this much short of its alignment longer.
+const DEVICE_ALIGN: usize = 256;
 
 /// A workspace in a device's memory: the first cycle spills and learns, later cycles bump
 /// in one buffer with no driver call (semantics §2.3, §5).
@@ -149,7 +163,10 @@ impl DeviceWorkspace {
         &self.device
     }
 
+    /// A buffer of `bytes` from an address aligned as the workspace: the memory asked for
+    /// holds the padding to it too, when the workspace is aligned more than device memory.
     fn take(&self, bytes: usize) -> Result<Memory> {
+        let bytes = bytes.saturating_add(self.sizing.align.saturating_sub(DEVICE_ALIGN));
         match self.mirroring {
             MirroringPolicy::HostOnly => Ok(Memory::Pinned(self.device.allocate_pinned(bytes)?)),
             _ => Ok(Memory::Device(
@@ -184,12 +201,11 @@ impl DeviceWorkspace {
     /// [`DeviceCycle::allocate`]).
     #[inline]
     fn bump(&self, bytes: usize, align: usize) -> Option<u64> {
-        let buffer = self.buffer.as_ref()?;
-        let base = buffer.ptr();
+        let (base, len) = self.buffer.as_ref()?.aligned(self.sizing.align);
         let offset = self.offset.get();
         let start = offset.checked_add(padding((base as usize).wrapping_add(offset), align))?;
         let end = start.checked_add(self.sizing.round(bytes))?;
-        if end > self.sizing.bump_limit(buffer.len()) {
+        if end > self.sizing.bump_limit(len) {
             return None;
         }
         self.offset.set(end);
@@ -200,7 +216,7 @@ impl DeviceWorkspace {
     fn available(&self) -> usize {
         self.buffer.as_ref().map_or(0, |b| {
             self.sizing
-                .bump_limit(b.len())
+                .bump_limit(b.aligned(self.sizing.align).1)
                 .saturating_sub(self.offset.get())
         })
     }
@@ -251,7 +267,11 @@ impl DeviceWorkspace {
             Some(self.sizing.learned(self.max_cycle))
         } else if spilled && self.buffer.is_some() && self.spill == SpillPolicy::Reallocate {
             let bytes = self.sizing.reallocated(self.max_cycle);
-            (bytes > self.buffer.as_ref().map_or(0, Memory::len)).then_some(bytes)
+            let usable = self
+                .buffer
+                .as_ref()
+                .map_or(0, |b| b.aligned(self.sizing.align).1);
+            (bytes > usable).then_some(bytes)
         } else {
             None
         };

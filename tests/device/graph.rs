@@ -138,6 +138,12 @@ fn a_graph_replays_only_on_the_memory_it_was_captured_on() {
     let err = b.get(ra).unwrap_err().to_string();
     assert!(err.contains("another graph memory"), "{err}");
     assert!(b.get(rb).is_ok());
+    // As an operand too, even at the offset of one of its own (`ra` and `rb` both start
+    // at 0): the reason is the memory, not an overlap.
+    let err = b.operands([ra], rb).unwrap_err().to_string();
+    assert!(err.contains("another graph memory"), "{err}");
+    let err = b.operands([rb], ra).unwrap_err().to_string();
+    assert!(err.contains("another graph memory"), "{err}");
     a.upload_f32(xa, &[1.0, 2.0, 3.0, 4.0]).unwrap();
     a.launch(&graph).unwrap();
     assert_eq!(a.download_f32(ra).unwrap(), vec![3.0, 5.0, 7.0, 9.0]);

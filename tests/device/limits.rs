@@ -130,6 +130,20 @@ fn the_limit_is_exact_from_four_threads() {
 }
 
 #[test]
+fn a_device_refusal_calls_mirror_bytes_the_mirrors_device_sides() {
+    let gpu = device::sim(
+        SimConfig::new(13)
+            .total_memory(1 << 30)
+            .limit(DeviceLimit::Bytes(1 << 20)),
+    )
+    .unwrap();
+    let _mirror = gpu.allocate_for(256 << 10, Usage::Mirror).unwrap();
+    let msg = gpu.allocate(900 << 10).unwrap_err().to_string();
+    assert!(msg.contains("mirror device sides 256.0 KiB"), "{msg}");
+    assert!(!msg.contains("host mirrors"), "{msg}");
+}
+
+#[test]
 fn out_of_memory_names_the_device_and_what_holds_its_memory() {
     let gpu = device::sim(
         SimConfig::new(3)

@@ -136,6 +136,39 @@ fn bad_alignment_is_an_error() {
 }
 
 #[test]
+fn a_workspace_aligned_beyond_device_memory_stops_spilling_once_learned() {
+    // Device memory is 256-byte aligned; a strictly sized workspace aligned to 512 or more
+    // learns from spills counted for an aligned buffer, so its buffer starts at an aligned
+    // address (it took the difference more), wherever the device placed it: after learning,
+    // no cycle spills. Several workspaces, so buffers land at both kinds of address.
+    let gpu = sim(0, 1 << 30);
+    for align in [512, 1024, 4096] {
+        let cfg = WorkspaceConfig::builder()
+            .alignment(align)
+            .policy_allocation(ndmem::AllocationPolicy::Strict)
+            .build()
+            .unwrap();
+        let mut workspaces: Vec<_> = (0..6)
+            .map(|i| DeviceWorkspace::new(&gpu, &format!("A{align}_{i}"), &cfg).unwrap())
+            .collect();
+        for ws in &mut workspaces {
+            for cycle in 0..4 {
+                let c = ws.enter();
+                let a = c.allocate(10, 1).unwrap();
+                let b = c.allocate(10, 1).unwrap();
+                assert_eq!(a.device_ptr() % align as u64, 0);
+                assert_eq!(b.device_ptr() % align as u64, 0);
+                let stats = c.stats();
+                if cycle > 0 {
+                    assert_eq!(stats.spilled, 0, "align {align}, cycle {cycle}: {stats:?}");
+                    assert_eq!(stats.used, 2 * align, "align {align}: {stats:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn a_bump_follows_the_workspace_alignment_and_rounds_sizes_as_on_the_host() {
     // semantics §5.6 and §2.1/§2.2: every allocation starts at a multiple of
     // max(alignment, align) and takes its size rounded up to the alignment.
