@@ -216,15 +216,14 @@ fn scale_decimal(whole: &[u8], fraction: Option<&[u8]>) -> Result<(u128, u128), 
     Ok((scaled, 10u128.pow(fraction.len() as u32)))
 }
 
-/// `floor(scaled * factor / denominator)` without overflow for `scaled < 2^124`,
-/// `denominator <= 10^20` and `factor <= 2^64`; `None` if the result passes `u128` (it
-/// cannot be a size then).
+/// `floor(scaled * factor / denominator)` for `scaled < 2^124` and `denominator <= 10^20`;
+/// `None` if it overflows `u128` (it cannot be a size then). `rest * factor` fits for a
+/// `factor` up to 2^61 (a unit, at most 2^50, or the bytes of RAM); beyond, it is checked.
 fn scale_by(scaled: u128, factor: u128, denominator: u128) -> Option<u128> {
     let (whole, rest) = (scaled / denominator, scaled % denominator);
-    // `rest < 10^20 < 2^67` and `factor <= 2^64`: the product fits.
     whole
         .checked_mul(factor)?
-        .checked_add(rest * factor / denominator)
+        .checked_add(rest.checked_mul(factor)? / denominator)
 }
 
 /// `K`/`KB`/`KiB` and friends as a power of two; an empty suffix or `B` means bytes.

@@ -19,6 +19,7 @@ use ndmem_alloc::{AllocError, Usage};
 
 use super::pinned::PinnedBuffer;
 use super::pool::DeviceBuffer;
+use super::sim::DEVICE_ALIGN;
 use super::slot::RawRange;
 use super::{Device, DeviceMemory, DeviceMemoryMut};
 use crate::error::{Error, Result};
@@ -60,10 +61,6 @@ impl Memory {
     }
 }
 
-/// The alignment device memory is guaranteed (the driver's, and the simulated device's):
-/// a workspace aligned more takes its buffer this much short of its alignment longer.
-const DEVICE_ALIGN: usize = 256;
-
 /// A workspace in a device's memory: the first cycle spills and learns, later cycles bump
 /// in one buffer with no driver call (semantics §2.3, §5).
 ///
@@ -93,6 +90,9 @@ pub struct DeviceWorkspace {
     cycles_before_initialization: u64,
     buffer: Option<Memory>,
     offset: Cell<usize>,
+    /// Padding this cycle's bumps aligned beyond the workspace could have needed and did
+    /// not take (as on the host, `workspace::bump`).
+    slack: Cell<usize>,
     spilled: Cell<usize>,
     spills: RefCell<Vec<Memory>>,
     max_cycle: usize,
@@ -143,6 +143,7 @@ impl DeviceWorkspace {
             cycles_before_initialization: config.cycles_before_initialization(),
             buffer: None,
             offset: Cell::new(0),
+            slack: Cell::new(0),
             spilled: Cell::new(0),
             spills: RefCell::new(Vec::new()),
             max_cycle: 0,
@@ -151,7 +152,7 @@ impl DeviceWorkspace {
         };
         if config.initial_size() > 0 {
             let bytes = ws.sizing.learned(config.initial_size());
-            ws.buffer = Some(ws.take(bytes)?);
+            ws.buffer = Some(ws.take_buffer(bytes)?);
             // An initial size is not learned from (semantics §2.3).
             ws.learning = LearningPolicy::None;
         }
@@ -165,8 +166,12 @@ impl DeviceWorkspace {
 
     /// A buffer of `bytes` from an address aligned as the workspace: the memory asked for
     /// holds the padding to it too, when the workspace is aligned more than device memory.
+    fn take_buffer(&self, bytes: usize) -> Result<Memory> {
+        self.take(bytes.saturating_add(self.sizing.align.saturating_sub(DEVICE_ALIGN)))
+    }
+
+    /// `bytes` of the workspace's memory (a spill pads its own start).
     fn take(&self, bytes: usize) -> Result<Memory> {
-        let bytes = bytes.saturating_add(self.sizing.align.saturating_sub(DEVICE_ALIGN));
         match self.mirroring {
             MirroringPolicy::HostOnly => Ok(Memory::Pinned(self.device.allocate_pinned(bytes)?)),
             _ => Ok(Memory::Device(
@@ -178,6 +183,7 @@ impl DeviceWorkspace {
     /// Starts a cycle; the guard hands out memory until it drops, which ends the cycle.
     pub fn enter(&mut self) -> DeviceCycle<'_> {
         self.offset.set(0);
+        self.slack.set(0);
         self.spilled.set(0);
         DeviceCycle { workspace: self }
     }
@@ -203,12 +209,18 @@ impl DeviceWorkspace {
     fn bump(&self, bytes: usize, align: usize) -> Option<u64> {
         let (base, len) = self.buffer.as_ref()?.aligned(self.sizing.align);
         let offset = self.offset.get();
-        let start = offset.checked_add(padding((base as usize).wrapping_add(offset), align))?;
+        let pad = padding((base as usize).wrapping_add(offset), align);
+        let start = offset.checked_add(pad)?;
         let end = start.checked_add(self.sizing.round(bytes))?;
         if end > self.sizing.bump_limit(len) {
             return None;
         }
         self.offset.set(end);
+        // As on the host: a bump aligned beyond the workspace counts, for learning, the
+        // most padding it could need (`pad` is at most that: `offset` is a multiple of the
+        // workspace alignment from an aligned base).
+        let unused = align.saturating_sub(self.sizing.align).saturating_sub(pad);
+        self.slack.set(self.slack.get().saturating_add(unused));
         Some(base + start as u64)
     }
 
@@ -239,7 +251,7 @@ impl DeviceWorkspace {
             });
         }
         // Device buffers are 256-byte aligned; over-aligned spills take the padding.
-        let extra = align.saturating_sub(super::sim::DEVICE_ALIGN);
+        let extra = align.saturating_sub(DEVICE_ALIGN);
         let memory = self.take(bytes + extra)?;
         let ptr = memory.ptr();
         let aligned = ptr + padding(ptr as usize, align) as u64;
@@ -249,7 +261,7 @@ impl DeviceWorkspace {
     }
 
     fn end_cycle(&mut self) {
-        let cycle = self.offset.get() + self.spilled.get();
+        let cycle = self.offset.get() + self.slack.get() + self.spilled.get();
         self.max_cycle = self.max_cycle.max(cycle);
         self.total_spilled += self.spilled.get();
         self.cycles += 1;
@@ -277,7 +289,7 @@ impl DeviceWorkspace {
         };
         if let Some(bytes) = bytes {
             // A refusal keeps the old buffer (or keeps spilling): semantics §2.3.
-            if let Ok(memory) = self.take(bytes) {
+            if let Ok(memory) = self.take_buffer(bytes) {
                 self.buffer = Some(memory);
             }
         }

@@ -335,6 +335,7 @@ impl Arena {
         cycles.start.set(start);
         self.region.set_offset(start);
         self.region.set_end_offset(end);
+        self.region.take_slack();
         self.spills.new_cycle();
         self.shared.open(generation);
         Ok(())
@@ -355,7 +356,11 @@ impl Arena {
         }
         self.shared.close(cycles.generation.get());
         let spilled = self.spills.new_cycle();
-        let bytes = (self.region.offset() - cycles.start.get()).saturating_add(spilled);
+        // Bumps aligned beyond the workspace count the most padding they could need, as
+        // spills do: a buffer sized from this cycle holds it wherever it lies.
+        let bytes = (self.region.offset() - cycles.start.get())
+            .saturating_add(self.region.take_slack())
+            .saturating_add(spilled);
         cycles.max_bytes.set(cycles.max_bytes.get().max(bytes));
         cycles.completed.set(cycles.completed.get() + 1);
         if self.shared.views() > 0 {

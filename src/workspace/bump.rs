@@ -27,6 +27,11 @@ pub(crate) struct Region {
     cursor: Cell<*mut u8>,
     /// Address of the end of the region this cycle may bump into; 0 when no cycle runs.
     end: Cell<usize>,
+    /// Padding this cycle's bumps aligned beyond the workspace could have needed and did
+    /// not take (each could need `align - workspace alignment`, as a spill counts it; what
+    /// it took depends on where the buffer lies), so that a buffer sized from the cycle
+    /// holds it wherever that buffer lies.
+    slack: Cell<usize>,
 }
 
 impl Region {
@@ -37,6 +42,7 @@ impl Region {
             base: Cell::new(std::ptr::null_mut()),
             cursor: Cell::new(std::ptr::null_mut()),
             end: Cell::new(0),
+            slack: Cell::new(0),
         }
     }
 
@@ -81,6 +87,9 @@ impl Region {
             return None;
         }
         self.cursor.set(cursor.wrapping_add(step));
+        // `pad <= layout.align() - align`: the cursor is a multiple of `align`.
+        let unused = layout.align() - self.align - pad;
+        self.slack.set(self.slack.get().saturating_add(unused));
         // SAFETY: `cursor + pad < new_end <= end`, and whenever `end > 0` the region
         // `[cursor, end)` lies inside the live buffer, so the result is in it and not null.
         Some(unsafe { NonNull::new_unchecked(cursor.add(pad)) })
@@ -101,6 +110,12 @@ impl Region {
     /// `align`, then `size` rounded up to the alignment (saturating).
     pub(crate) fn footprint(&self, size: usize, align: usize) -> usize {
         padding(self.cursor.get() as usize, align).saturating_add(self.round_saturating(size))
+    }
+
+    /// The padding this cycle's over-aligned bumps could have needed beyond what they
+    /// took (see the field), set back to 0 for the next cycle.
+    pub(crate) fn take_slack(&self) -> usize {
+        self.slack.replace(0)
     }
 
     /// Whether the workspace has a buffer.

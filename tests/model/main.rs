@@ -182,6 +182,9 @@ struct Model {
     incarnation: u32,
     size: usize,
     used: usize,
+    /// Padding the cycle's bumps aligned beyond the workspace could have needed and did
+    /// not take: a cycle counts the most each could need, as a spill does.
+    slack: usize,
     spilled: usize,
     max_cycle: usize,
     total_spilled: u64,
@@ -214,6 +217,7 @@ impl Model {
         if self.depth == 1 {
             self.generation += 1;
             self.used = 0;
+            self.slack = 0;
             self.spilled = 0;
         }
     }
@@ -223,7 +227,7 @@ impl Model {
         if self.depth > 0 {
             return;
         }
-        let cycle = self.used + self.spilled;
+        let cycle = self.used + self.slack + self.spilled;
         self.max_cycle = self.max_cycle.max(cycle);
         self.cycles += 1;
         // semantics §2.3
@@ -248,6 +252,7 @@ impl Model {
             grow(&mut self.size, s.clamp(self.max_cycle));
         }
         self.used = 0;
+        self.slack = 0;
         self.spilled = 0;
     }
 
@@ -268,6 +273,7 @@ impl Model {
             max => self.size.min(max),
         };
         if self.size > 0 && end <= usable / s.alignment * s.alignment {
+            self.slack += (align - s.alignment) - (start - self.used);
             self.used = end;
             return Ok(true);
         }

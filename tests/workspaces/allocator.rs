@@ -156,3 +156,27 @@ fn a_spill_counts_what_the_buffer_would_take_for_it() {
     assert_eq!(stats.spilled_bytes, 0, "{stats}");
     assert!(stats.used <= 144, "{stats}");
 }
+
+#[test]
+fn a_bumped_cycle_counts_the_most_padding_its_over_aligned_requests_could_need() {
+    // In a buffer (page-aligned, workspace alignment 16), 48 bytes then 16 bytes aligned to
+    // 64 take 48 + 16 (padding) + 16 = 80 bytes. A buffer sized from that cycle could lie
+    // 16 bytes past a multiple of 64, where the second request needs 48 bytes of padding:
+    // the cycle counts 48 + 48 + 16 = 112, as spills count it, so a buffer learned or
+    // reallocated from it holds the cycle wherever it lies.
+    let ws = workspaces();
+    let cfg = strict()
+        .initial_size(4096)
+        .policy_learning(ndmem::LearningPolicy::None)
+        .build()
+        .unwrap();
+    {
+        let g = ws.get_and_activate(&cfg, "SLACK").unwrap();
+        g.alloc(Layout::from_size_align(48, 1).unwrap()).unwrap();
+        let block = g.alloc(Layout::from_size_align(16, 64).unwrap()).unwrap();
+        assert_eq!(block.cast::<u8>().as_ptr() as usize % 64, 0);
+        let stats = g.stats();
+        assert_eq!((stats.used, stats.spilled_bytes), (80, 0), "{stats}");
+    }
+    assert_eq!(ws.workspace("SLACK").unwrap().max_cycle, 112);
+}
