@@ -341,13 +341,13 @@ fn return_to_depot(header: Arc<Owned>) -> Option<Arc<Owned>> {
 ///
 /// Headers are recycled: when the last handle drops one that nothing else references, its
 /// home is released (as dropping the `Arc` would) and the empty header goes to a
-/// per-thread list of spares, which [`Handle::new`] takes from before it allocates. A
+/// per-thread list of spares, which [`Fresh::new`] takes from before it allocates. A
 /// loop that makes and drops the same number of tensors each step allocates no headers
 /// after its first step.
 ///
 /// Invariant: `probe` was made from the home in `owned` after the header was filled, and
 /// the header's home is replaced only while this handle's `Arc` is the sole reference
-/// (in [`Handle::new`] and in the drop), so the probe's addresses stay valid while the
+/// (in [`Fresh::new`] and in the drop), so the probe's addresses stay valid while the
 /// handle lives.
 pub(crate) struct Handle {
     owned: ManuallyDrop<Arc<Owned>>,
@@ -363,27 +363,6 @@ unsafe impl Send for Handle {}
 unsafe impl Sync for Handle {}
 
 impl Handle {
-    /// Shares `owned` behind a header, a spare one of this thread if there is one.
-    pub(crate) fn new(mut owned: Owned) -> Handle {
-        let (maker, spare) = take_spare();
-        owned.maker = maker;
-        let owned = match spare {
-            Some(mut header) => match Arc::get_mut(&mut header) {
-                Some(slot) => {
-                    *slot = owned;
-                    header
-                }
-                None => Arc::new(owned),
-            },
-            None => Arc::new(owned),
-        };
-        let probe = owned.home().probe();
-        Handle {
-            owned: ManuallyDrop::new(owned),
-            probe,
-        }
-    }
-
     /// The validity check (semantics §3, §4): one load of the probe and one of the word it
     /// names (see [`Probe`]), and the full check through the header only when the probe
     /// cannot tell.
@@ -451,24 +430,24 @@ impl Fresh {
     /// A header holding `home`, owned by its handles.
     pub(crate) fn new(home: Home) -> Fresh {
         let (maker, spare) = take_spare();
+        // A spare's owner and owner references were cleared when it was recycled; only
+        // the home and the maker are new.
+        let new = |home| {
+            Arc::new(Owned {
+                maker,
+                ..Owned::new(home)
+            })
+        };
         let header = match spare {
             Some(mut header) => match Arc::get_mut(&mut header) {
                 Some(slot) => {
-                    // A spare's owner and owner references were cleared when it was
-                    // recycled; only the home and the maker are new.
                     slot.home = Some(home);
                     slot.maker = maker;
                     header
                 }
-                None => Arc::new(Owned {
-                    maker,
-                    ..Owned::new(home)
-                }),
+                None => new(home),
             },
-            None => Arc::new(Owned {
-                maker,
-                ..Owned::new(home)
-            }),
+            None => new(home),
         };
         Fresh {
             header: Some(header),

@@ -15,7 +15,7 @@ use crate::device::slot::{DeviceSlot, RawRange};
 use crate::device::{BinaryOp, Device, UnaryOp};
 use crate::error::{Error, Result};
 use crate::memory::home::Home;
-use crate::memory::owner::{Handle, Owned};
+use crate::memory::owner::{Fresh, Owned};
 use crate::reclaim;
 
 /// An operand of a device op: its range, and the copy made to bring it there, if any.
@@ -60,7 +60,7 @@ impl Tensor {
             Ok(())
         })?;
         Ok(Tensor {
-            storage: Handle::new(Owned::new(Home::device(slot))),
+            storage: Fresh::new(Home::device(slot)).share(),
             dtype: self.dtype,
             shape: self.shape.clone(),
             strides: contiguous_strides("to_device", &self.shape)?,
@@ -140,7 +140,7 @@ impl Tensor {
         let mut range = slot.device_range(true)?;
         write(&mut range)?;
         Ok(Tensor {
-            storage: Handle::new(Owned::new(Home::device(slot))),
+            storage: Fresh::new(Home::device(slot)).share(),
             dtype: DType::F32,
             shape: Dims::from_slice(shape),
             strides,

@@ -338,29 +338,10 @@ fn dtype_mismatch(op: &str, arg: &str, got: DType, wanted: DType) -> Error {
     }
 }
 
-/// Row-major strides of `shape`, or a shape error if they overflow (they cannot for a
-/// shape [`element_count`] accepted).
+/// Row-major strides of `shape` ([`contiguous_layout`]'s), or a shape error if they
+/// overflow (they cannot for a shape [`element_count`] accepted).
 fn contiguous_strides(op: &str, shape: &[usize]) -> Result<Dims> {
-    let mut strides = Dims::from_elem(0, shape.len());
-    let mut step = 1usize;
-    for (stride, dim) in strides.iter_mut().zip(shape).rev() {
-        *stride = step;
-        step = match step.checked_mul((*dim).max(1)) {
-            Some(next) => next,
-            None => return Err(strides_overflow(op, shape)),
-        };
-    }
-    Ok(strides)
-}
-
-/// The error of [`contiguous_strides`] (out of line).
-#[cold]
-#[inline(never)]
-fn strides_overflow(op: &str, shape: &[usize]) -> Error {
-    Error::Shape {
-        op: op.into(),
-        message: format!("shape {shape:?} has strides that overflow usize"),
-    }
+    contiguous_layout(op, shape, 1).map(|(_, strides)| strides)
 }
 
 impl Tensor {
