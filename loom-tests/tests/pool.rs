@@ -1,5 +1,5 @@
 //! loom models of `ndmem_alloc::Pool`'s lock-free paths, on the real pool with tiny
-//! blocks (64 and 128 bytes from `posix_memalign`, so no mapping per iteration).
+//! blocks (64 and 128 bytes, carved from the pool's slabs: one mapping per iteration).
 //!
 //! What they check, over every interleaving within the preemption bound:
 //! - two threads allocating and freeing under a limit: every block ends up counted exactly

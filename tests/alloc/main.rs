@@ -14,6 +14,7 @@ mod blocks;
 mod cache;
 mod environment;
 mod errors;
+mod fork;
 mod limits;
 mod reclaimers;
 mod threads;

@@ -20,7 +20,7 @@ pub(super) const NUM_CLASSES: usize = 1 + (MAX_CLASS.trailing_zeros() as usize -
 
 /// The size class serving `bytes`, or `None` above the largest class.
 #[inline]
-pub(super) fn class_of(bytes: usize) -> Option<usize> {
+pub(super) const fn class_of(bytes: usize) -> Option<usize> {
     if bytes <= MIN_CLASS {
         return Some(0);
     }

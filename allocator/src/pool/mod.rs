@@ -22,10 +22,13 @@
 //! pool may be dropped before the threads that used it exit (dropping it empties their
 //! caches to the OS; they drop their entries for it later).
 //!
-//! Classes of 256 KiB and more come from `mmap` (page-aligned, zero-filled), smaller ones
-//! from `posix_memalign` (see `os`); blocks above 1 GiB are mapped exactly and never cached.
+//! Classes of 256 KiB and more come from `mmap` (page-aligned, zero-filled), those up to 16
+//! KiB from slabs of 256 KiB (`slab`: the blocks of a class side by side, nothing between
+//! them), the ones between from `posix_memalign` (see `os`); blocks above 1 GiB are mapped
+//! exactly and never cached.
 //!
-//! The parts: `class` (size arithmetic), `os` (the system calls), `stats` (the books and
+//! The parts: `class` (size arithmetic), `os` (the system calls), `slab` (the small
+//! classes' memory), `stats` (the books and
 //! [`PoolStats`]), `local` (the threads' caches and tallies), `block` ([`Block`] and
 //! [`Reservation`], which give themselves back on drop), `reclaim` (callbacks run at a
 //! limit), and the [`Pool`] here, which ties them to the budget and the limits.
@@ -37,6 +40,7 @@ mod class;
 mod local;
 mod os;
 mod reclaim;
+mod slab;
 mod stats;
 
 use std::fmt;

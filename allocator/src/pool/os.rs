@@ -3,15 +3,17 @@
 //! caches are recalled with.
 //!
 //! Invariant: a block of `capacity` bytes is returned with the call that matches the one it
-//! was obtained with, which the capacity alone decides (`mmap`/`munmap` from
-//! [`MMAP_THRESHOLD`] bytes on, `posix_memalign`/`free` below), and every block handed out
-//! here is zero-filled, so its bytes are initialised from the start.
+//! was obtained with, which the capacity alone decides (the slabs of `slab` up to
+//! [`SLAB_MAX`](super::slab::SLAB_MAX) bytes, `posix_memalign`/`free` above, `mmap`/`munmap`
+//! from [`MMAP_THRESHOLD`] bytes on), and every block handed out here is zero-filled, so its
+//! bytes are initialised from the start.
 
 #![allow(unsafe_code)]
 
 use std::ptr::NonNull;
 
 use super::class::natural_align;
+use super::slab::{Slabs, SLABS};
 
 /// Blocks of at least this many bytes come from `mmap`.
 const MMAP_THRESHOLD: usize = 256 << 10;
@@ -19,6 +21,9 @@ const MMAP_THRESHOLD: usize = 256 << 10;
 /// `capacity` fresh, zero-filled bytes aligned to [`natural_align`]`(capacity)` (mapped
 /// blocks: to a page), or the OS error number.
 pub(super) fn obtain(capacity: usize) -> Result<NonNull<u8>, i32> {
+    if Slabs::serves(capacity) {
+        return SLABS.obtain(capacity);
+    }
     let ptr = if capacity >= MMAP_THRESHOLD {
         // SAFETY: an anonymous private mapping with no address hint has no preconditions.
         let ptr = unsafe {
@@ -60,7 +65,11 @@ pub(super) fn obtain(capacity: usize) -> Result<NonNull<u8>, i32> {
 /// `ptr` must come from [`obtain`]`(capacity)` with this same `capacity`, and the caller
 /// must own the block (neither live nor cached any more): nothing may use it afterwards.
 pub(super) unsafe fn give_back(ptr: NonNull<u8>, capacity: usize) {
-    if capacity >= MMAP_THRESHOLD {
+    if Slabs::serves(capacity) {
+        // SAFETY: blocks of this capacity came from the slabs in `obtain`, and the caller
+        // owns the block.
+        unsafe { SLABS.give_back(ptr, capacity) };
+    } else if capacity >= MMAP_THRESHOLD {
         // SAFETY: blocks of this capacity were mapped by `obtain` with exactly this length,
         // and the caller owns the block.
         unsafe { libc::munmap(ptr.as_ptr().cast(), capacity) };
@@ -168,7 +177,13 @@ mod tests {
 
     #[test]
     fn blocks_from_both_sources_are_zeroed_and_aligned() {
-        for capacity in [64, 4096 + 1024, MMAP_THRESHOLD, 2 * MMAP_THRESHOLD] {
+        for capacity in [
+            64,
+            4096 + 1024,
+            32 << 10,
+            MMAP_THRESHOLD,
+            2 * MMAP_THRESHOLD,
+        ] {
             let ptr = obtain(capacity).unwrap();
             assert_eq!(ptr.as_ptr() as usize % natural_align(capacity), 0);
             // SAFETY: `obtain` handed out `capacity` initialised bytes owned here.

@@ -1,0 +1,562 @@
+//! Slabs: the memory of the small classes (up to [`SLAB_MAX`] bytes), carved from aligned
+//! runs of [`SLAB`] bytes mapped from the OS, so that a block takes its capacity in the
+//! process and no more, and the blocks of a class lie side by side. (One block at a time
+//! from the C allocator, at its class's natural alignment, a block of up to 4 KiB took
+//! about twice its capacity with glibc, three times at 64 bytes, and a thousand 64-byte
+//! blocks spread over 187 KiB.)
+//!
+//! Invariant: a slab holds blocks of one class only, in the bytes before its header, which
+//! sits at its end. The header counts the blocks handed out of the slab and not given back
+//! (`live`), links the blocks given back (`free`, through their first words), and says how
+//! many of its bytes were ever carved. A slab with room (a block given back, or bytes never
+//! carved) is on its class's list; a slab whose `live` falls to 0 goes back to the OS at
+//! once, so [`Slabs::give_back`] of a class's last block unmaps its memory as `free` would.
+//! Every field is touched under its class's lock alone, held for pointer work and at most
+//! one `mmap` or `munmap`. The locks are spin locks, so that `fork` can take them all
+//! beforehand (`pthread_atfork`): a child never inherits one held.
+//!
+//! A block handed out is zero-filled: carved bytes are fresh from the OS, and a block given
+//! back is zeroed when it is handed out again.
+//!
+//! A slab is found from any of its blocks by masking the address: slabs are aligned to
+//! their size. Under Miri, which maps no memory, a slab comes from `posix_memalign`
+//! instead, zeroed.
+
+#![allow(unsafe_code)]
+
+use std::cell::UnsafeCell;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::class::{class_of, class_size};
+
+/// Classes up to this capacity come from slabs; larger ones one block at a time (whose
+/// alignment padding and headers are then at most a quarter of the block).
+pub(super) const SLAB_MAX: usize = 16 << 10;
+
+/// Bytes of a slab, and its alignment.
+pub(super) const SLAB: usize = 256 << 10;
+
+/// Bytes at the end of a slab that hold its header (a cache line).
+const HEADER: usize = 64;
+
+/// Bytes of a slab that blocks may take.
+const BLOCK_BYTES: usize = SLAB - HEADER;
+
+/// Classes served from slabs: those up to [`SLAB_MAX`], from the first.
+const CLASSES: usize = match class_of(SLAB_MAX) {
+    Some(class) => class + 1,
+    None => 0,
+};
+
+/// The bookkeeping of one slab, in its last [`HEADER`] bytes.
+#[repr(C)]
+struct Header {
+    /// Blocks given back, linked through their first words (null: none).
+    free: *mut u8,
+    /// Bytes carved from the slab's start: the blocks beyond were never handed out.
+    carved: usize,
+    /// Blocks handed out and not given back.
+    live: usize,
+    /// The class's list of slabs with room.
+    prev: *mut Header,
+    next: *mut Header,
+    /// Whether the slab is on that list.
+    listed: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER);
+
+/// A class's lock and its list of slabs with room.
+struct Class {
+    locked: AtomicBool,
+    /// The first slab with room (null: none); touched under `locked` only.
+    room: UnsafeCell<*mut Header>,
+}
+
+/// Holds a class's lock until dropped.
+struct Locked<'a>(&'a Class);
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.0.unlock();
+    }
+}
+
+impl Class {
+    const fn new() -> Class {
+        Class {
+            locked: AtomicBool::new(false),
+            room: UnsafeCell::new(ptr::null_mut()),
+        }
+    }
+
+    /// Takes the lock: a few spins, then yielding the processor, since the holder may be in
+    /// a system call.
+    fn lock(&self) -> Locked<'_> {
+        let mut spins = 0u32;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Locked(self)
+    }
+
+    fn unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
+/// The slabs of every small class: [`Slabs::obtain`] and [`Slabs::give_back`] in place of
+/// a C allocator's `posix_memalign` and `free`.
+pub(super) struct Slabs {
+    classes: [Class; CLASSES],
+    /// Slabs mapped now.
+    mapped: AtomicUsize,
+}
+
+// SAFETY: a class's list and the headers it links are touched only under that class's lock
+// (see the module's invariant), which makes those accesses exclusive across threads; the
+// raw pointers are to memory this value alone manages.
+unsafe impl Sync for Slabs {}
+
+/// The process's slabs, which the pools' `os::obtain` carves from.
+pub(super) static SLABS: Slabs = Slabs::new();
+
+impl Slabs {
+    pub(super) const fn new() -> Slabs {
+        Slabs {
+            classes: [const { Class::new() }; CLASSES],
+            mapped: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether blocks of `capacity` bytes come from slabs.
+    #[inline]
+    pub(super) fn serves(capacity: usize) -> bool {
+        capacity <= SLAB_MAX
+    }
+
+    /// Slabs mapped now (each [`SLAB`] bytes of address space; only the pages blocks were
+    /// carved from, or written, are resident).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) fn mapped(&self) -> usize {
+        self.mapped.load(Ordering::Relaxed)
+    }
+
+    /// A zero-filled block of `capacity` bytes (a class size up to [`SLAB_MAX`]), aligned to
+    /// its class's natural alignment; the OS error number if a new slab was needed and the
+    /// OS refused it.
+    pub(super) fn obtain(&self, capacity: usize) -> Result<NonNull<u8>, i32> {
+        let class = self.class(capacity);
+        let locked = class.lock();
+        // SAFETY: the class's lock is held.
+        let room = unsafe { &mut *class.room.get() };
+        let header = match NonNull::new(*room) {
+            Some(header) => header.as_ptr(),
+            None => {
+                let header = self.new_slab()?;
+                // SAFETY: a new slab's header, not yet listed; the lock is held.
+                unsafe { link(room, header) };
+                header
+            }
+        };
+        // SAFETY: a listed header is in a mapped slab of this class; the lock is held.
+        let h = unsafe { &mut *header };
+        let block = match NonNull::new(h.free) {
+            Some(block) => {
+                // SAFETY: a block given back is one of this slab's, `capacity` bytes, no
+                // longer used by anyone; its first word links the next.
+                unsafe {
+                    h.free = block.as_ptr().cast::<*mut u8>().read();
+                    ptr::write_bytes(block.as_ptr(), 0, capacity);
+                }
+                block
+            }
+            None => {
+                // SAFETY: a listed slab without blocks given back has `capacity` bytes left
+                // to carve (it is unlisted once it has not), inside the slab.
+                let block = unsafe { base_of(header).add(h.carved) };
+                h.carved += capacity;
+                // SAFETY: inside a mapped slab: not null.
+                unsafe { NonNull::new_unchecked(block) }
+            }
+        };
+        h.live += 1;
+        if h.free.is_null() && h.carved + capacity > BLOCK_BYTES {
+            // SAFETY: listed, and the lock is held.
+            unsafe { unlink(room, header) };
+        }
+        drop(locked);
+        Ok(block)
+    }
+
+    /// Gives back a block [`Slabs::obtain`] handed out with this `capacity`; its slab goes
+    /// back to the OS if it was the slab's last.
+    ///
+    /// # Safety
+    ///
+    /// `block` must come from `self.obtain(capacity)` and be owned by the caller (nothing
+    /// uses it afterwards).
+    pub(super) unsafe fn give_back(&self, block: NonNull<u8>, capacity: usize) {
+        let class = self.class(capacity);
+        let offset = block.as_ptr() as usize & (SLAB - 1);
+        let base = block.as_ptr().wrapping_sub(offset);
+        // SAFETY: slabs are aligned to their size, so the mask finds the block's slab,
+        // whose header is at its end.
+        let header = unsafe { base.add(BLOCK_BYTES).cast::<Header>() };
+        let locked = class.lock();
+        // SAFETY: the class's lock is held, and the slab is mapped (this block is live in it).
+        let h = unsafe { &mut *header };
+        // SAFETY: the caller owns the block: its first word is ours to link through.
+        unsafe { block.as_ptr().cast::<*mut u8>().write(h.free) };
+        h.free = block.as_ptr();
+        h.live -= 1;
+        // SAFETY: the lock is held.
+        let room = unsafe { &mut *class.room.get() };
+        if h.live == 0 {
+            if h.listed {
+                // SAFETY: listed, and the lock is held.
+                unsafe { unlink(room, header) };
+            }
+            // SAFETY: no block of the slab is live, and it is on no list.
+            unsafe { unmap(base) };
+            self.mapped.fetch_sub(1, Ordering::Relaxed);
+        } else if !h.listed {
+            // SAFETY: a slab with a block given back has room; the lock is held.
+            unsafe { link(room, header) };
+        }
+        drop(locked);
+    }
+
+    fn class(&self, capacity: usize) -> &Class {
+        let class = class_of(capacity).filter(|&c| c < CLASSES);
+        debug_assert!(class.is_some_and(|c| class_size(c) == capacity));
+        &self.classes[class.unwrap_or(CLASSES - 1)]
+    }
+
+    /// Maps a slab and writes its header (unlisted); returns the header.
+    fn new_slab(&self) -> Result<*mut Header, i32> {
+        fork::arm();
+        let base = map()?;
+        self.mapped.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the header's bytes are the slab's last, aligned to 64, and ours.
+        unsafe {
+            let header = base.add(BLOCK_BYTES).cast::<Header>();
+            header.write(Header {
+                free: ptr::null_mut(),
+                carved: 0,
+                live: 0,
+                prev: ptr::null_mut(),
+                next: ptr::null_mut(),
+                listed: false,
+            });
+            Ok(header)
+        }
+    }
+
+    /// Takes every class's lock (before a `fork`).
+    fn lock_all(&self) {
+        for class in &self.classes {
+            std::mem::forget(class.lock());
+        }
+    }
+
+    /// Releases every class's lock (after a `fork`, in the parent and in the child).
+    fn unlock_all(&self) {
+        for class in &self.classes {
+            class.unlock();
+        }
+    }
+}
+
+/// The first byte of the slab whose header is `header`.
+///
+/// # Safety
+///
+/// `header` must be a slab's header.
+unsafe fn base_of(header: *mut Header) -> *mut u8 {
+    // SAFETY: the header is the slab's last `HEADER` bytes.
+    unsafe { header.cast::<u8>().sub(BLOCK_BYTES) }
+}
+
+/// Puts an unlisted slab first on its class's list.
+///
+/// # Safety
+///
+/// `header` is an unlisted slab's; the class's lock is held, and `room` is its list.
+unsafe fn link(room: &mut *mut Header, header: *mut Header) {
+    // SAFETY: the caller's contract: the headers are mapped and ours under the lock.
+    unsafe {
+        (*header).prev = ptr::null_mut();
+        (*header).next = *room;
+        if let Some(next) = NonNull::new(*room) {
+            (*next.as_ptr()).prev = header;
+        }
+        (*header).listed = true;
+    }
+    *room = header;
+}
+
+/// Takes a listed slab off its class's list.
+///
+/// # Safety
+///
+/// `header` is a listed slab's; the class's lock is held, and `room` is its list.
+unsafe fn unlink(room: &mut *mut Header, header: *mut Header) {
+    // SAFETY: the caller's contract: the headers are mapped and ours under the lock.
+    unsafe {
+        let (prev, next) = ((*header).prev, (*header).next);
+        match NonNull::new(prev) {
+            Some(prev) => (*prev.as_ptr()).next = next,
+            None => *room = next,
+        }
+        if let Some(next) = NonNull::new(next) {
+            (*next.as_ptr()).prev = prev;
+        }
+        (*header).listed = false;
+    }
+}
+
+/// A fresh, zero-filled slab aligned to its size: twice its size mapped, the rest unmapped.
+#[cfg(not(miri))]
+fn map() -> Result<*mut u8, i32> {
+    let len = 2 * SLAB;
+    // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+    let raw = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOMEM));
+    }
+    let raw = raw.cast::<u8>();
+    let lead = (SLAB - (raw as usize & (SLAB - 1))) & (SLAB - 1);
+    let trail = len - lead - SLAB;
+    // SAFETY: both ranges lie inside the mapping just made and outside the slab kept;
+    // unmapping them cannot fail for lack of memory in a way that matters (the pages would
+    // only stay reserved).
+    unsafe {
+        if lead > 0 {
+            libc::munmap(raw.cast(), lead);
+        }
+        if trail > 0 {
+            libc::munmap(raw.add(lead + SLAB).cast(), trail);
+        }
+        Ok(raw.add(lead))
+    }
+}
+
+/// A fresh, zero-filled slab aligned to its size (Miri maps no memory).
+#[cfg(miri)]
+fn map() -> Result<*mut u8, i32> {
+    let mut raw = ptr::null_mut();
+    // SAFETY: a valid out-pointer and a power-of-two alignment that is a multiple of the
+    // pointer size.
+    let rc = unsafe { libc::posix_memalign(&mut raw, SLAB, SLAB) };
+    if rc != 0 {
+        return Err(rc);
+    }
+    let raw = raw.cast::<u8>();
+    // SAFETY: `SLAB` fresh writable bytes.
+    unsafe { ptr::write_bytes(raw, 0, SLAB) };
+    Ok(raw)
+}
+
+/// Returns a slab [`map`] made.
+///
+/// # Safety
+///
+/// `base` must come from [`map`], with no block of it in use.
+unsafe fn unmap(base: *mut u8) {
+    // SAFETY: the caller's contract.
+    #[cfg(not(miri))]
+    unsafe {
+        libc::munmap(base.cast(), SLAB);
+    }
+    // SAFETY: the caller's contract.
+    #[cfg(miri)]
+    unsafe {
+        libc::free(base.cast());
+    }
+}
+
+/// `pthread_atfork` handlers that hold every class's lock across a `fork()`, so that a
+/// child never inherits a lock another thread held (with no thread left to release it).
+mod fork {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static ARMED: AtomicBool = AtomicBool::new(false);
+
+    /// Installs the handlers once per process (the first slab's mapping does).
+    pub(super) fn arm() {
+        if !ARMED.swap(true, Ordering::AcqRel) {
+            // SAFETY: the handlers have the C ABI and signature pthread expects and live for
+            // the whole program. A failure (ENOMEM) leaves forks unprotected, as before.
+            #[cfg(not(miri))]
+            unsafe {
+                libc::pthread_atfork(Some(prepare), Some(resume), Some(resume));
+            }
+        }
+    }
+
+    #[cfg_attr(miri, allow(dead_code))]
+    extern "C" fn prepare() {
+        super::SLABS.lock_all();
+    }
+
+    #[cfg_attr(miri, allow(dead_code))]
+    extern "C" fn resume() {
+        super::SLABS.unlock_all();
+    }
+}
+
+#[cfg(all(test, not(ndmem_loom)))]
+mod tests {
+    use super::*;
+    use crate::pool::class::natural_align;
+
+    #[test]
+    fn blocks_of_a_class_lie_side_by_side_at_their_natural_alignment() {
+        let slabs = Slabs::new();
+        let capacities: &[usize] = if cfg!(miri) {
+            &[3072, 16384]
+        } else {
+            &[64, 80, 96, 192, 1024, 3072, 4096, 16384]
+        };
+        for &capacity in capacities {
+            let n = 2 * BLOCK_BYTES / capacity + 3; // three slabs' worth
+            let blocks: Vec<_> = (0..n).map(|_| slabs.obtain(capacity).unwrap()).collect();
+            let mut addresses: Vec<usize> = blocks.iter().map(|b| b.as_ptr() as usize).collect();
+            addresses.sort_unstable();
+            addresses.dedup();
+            assert_eq!(addresses.len(), n, "{capacity}: every block distinct");
+            for &a in &addresses {
+                assert_eq!(a % natural_align(capacity), 0, "{capacity}: aligned");
+                assert!(
+                    a % SLAB + capacity <= BLOCK_BYTES,
+                    "{capacity}: clear of the header"
+                );
+            }
+            let per_slab = BLOCK_BYTES / capacity;
+            assert_eq!(
+                slabs.mapped(),
+                n.div_ceil(per_slab),
+                "{capacity}: slabs full"
+            );
+            let spans = addresses
+                .windows(2)
+                .filter(|w| w[1] - w[0] != capacity)
+                .count();
+            assert!(
+                spans < slabs.mapped(),
+                "{capacity}: side by side within a slab"
+            );
+            for block in blocks {
+                // SAFETY: obtained above with this capacity, and used no more.
+                unsafe { slabs.give_back(block, capacity) };
+            }
+            assert_eq!(
+                slabs.mapped(),
+                0,
+                "{capacity}: every slab went back with its last block"
+            );
+        }
+    }
+
+    #[test]
+    fn a_block_given_back_comes_out_again_zeroed_and_first() {
+        let slabs = Slabs::new();
+        let keep = slabs.obtain(64).unwrap();
+        let block = slabs.obtain(64).unwrap();
+        // SAFETY: 64 writable bytes of ours.
+        unsafe { ptr::write_bytes(block.as_ptr(), 0xab, 64) };
+        // SAFETY: obtained above with this capacity, and used no more.
+        unsafe { slabs.give_back(block, 64) };
+        let again = slabs.obtain(64).unwrap();
+        assert_eq!(
+            again, block,
+            "a block given back is reused before bytes are carved"
+        );
+        // SAFETY: 64 readable bytes of ours.
+        let bytes = unsafe { std::slice::from_raw_parts(again.as_ptr(), 64) };
+        assert!(bytes.iter().all(|&b| b == 0), "zero-filled again");
+        assert_eq!(slabs.mapped(), 1);
+        // SAFETY: as above.
+        unsafe {
+            slabs.give_back(again, 64);
+            slabs.give_back(keep, 64);
+        }
+        assert_eq!(slabs.mapped(), 0);
+    }
+
+    #[test]
+    fn a_full_slab_with_a_block_given_back_serves_it_before_a_new_slab() {
+        let slabs = Slabs::new();
+        let capacity = 16384;
+        let per_slab = BLOCK_BYTES / capacity;
+        let mut blocks: Vec<_> = (0..per_slab)
+            .map(|_| slabs.obtain(capacity).unwrap())
+            .collect();
+        assert_eq!(slabs.mapped(), 1);
+        let returned = blocks.pop().unwrap();
+        // SAFETY: obtained above with this capacity, and used no more.
+        unsafe { slabs.give_back(returned, capacity) };
+        blocks.push(slabs.obtain(capacity).unwrap());
+        assert_eq!(
+            slabs.mapped(),
+            1,
+            "the full slab's returned block served the request"
+        );
+        blocks.push(slabs.obtain(capacity).unwrap());
+        assert_eq!(slabs.mapped(), 2, "a full slab makes room with a new one");
+        for block in blocks {
+            // SAFETY: as above.
+            unsafe { slabs.give_back(block, capacity) };
+        }
+        assert_eq!(slabs.mapped(), 0);
+    }
+
+    #[test]
+    fn threads_obtaining_and_giving_back_at_once_share_no_block() {
+        let slabs = Slabs::new();
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let slabs = &slabs;
+                s.spawn(move || {
+                    for round in 0..if cfg!(miri) { 2 } else { 50 } {
+                        let blocks: Vec<_> = (0..300).map(|_| slabs.obtain(128).unwrap()).collect();
+                        for b in &blocks {
+                            // SAFETY: 128 writable bytes of this thread's.
+                            unsafe { ptr::write_bytes(b.as_ptr(), t ^ round, 128) };
+                        }
+                        for b in blocks {
+                            // SAFETY: 128 readable bytes of this thread's.
+                            let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), 128) };
+                            assert!(bytes.iter().all(|&x| x == t ^ round), "no other writer");
+                            // SAFETY: obtained above with this capacity, and used no more.
+                            unsafe { slabs.give_back(b, 128) };
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(slabs.mapped(), 0);
+    }
+}
