@@ -230,8 +230,14 @@ impl Slabs {
                 unsafe { unlink(room, header) };
             }
             // SAFETY: no block of the slab is live, and it is on no list.
-            unsafe { unmap(base) };
-            self.mapped.fetch_sub(1, Ordering::Relaxed);
+            if unsafe { unmap(base) } {
+                self.mapped.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                // The OS kept it (`munmap` splitting a mapping past the process's map
+                // count): it stays, every block of it free, for the class's next requests.
+                // SAFETY: still mapped and unlisted; the lock is held.
+                unsafe { link(room, header) };
+            }
         } else if !h.listed {
             // SAFETY: a slab with a block given back has room; the lock is held.
             unsafe { link(room, header) };
@@ -351,9 +357,9 @@ fn map() -> Result<*mut u8, i32> {
     let raw = raw.cast::<u8>();
     let lead = (SLAB - (raw as usize & (SLAB - 1))) & (SLAB - 1);
     let trail = len - lead - SLAB;
-    // SAFETY: both ranges lie inside the mapping just made and outside the slab kept;
-    // unmapping them cannot fail for lack of memory in a way that matters (the pages would
-    // only stay reserved).
+    // SAFETY: both ranges lie inside the mapping just made and outside the slab kept. Were
+    // the OS to refuse (splitting a mapping past the process's map count), the range would
+    // stay mapped and untouched: address space, never resident.
     unsafe {
         if lead > 0 {
             libc::munmap(raw.cast(), lead);
@@ -381,21 +387,22 @@ fn map() -> Result<*mut u8, i32> {
     Ok(raw)
 }
 
-/// Returns a slab [`map`] made.
+/// Returns a slab [`map`] made; `false` if the OS refused (the slab is then still mapped).
 ///
 /// # Safety
 ///
 /// `base` must come from [`map`], with no block of it in use.
-unsafe fn unmap(base: *mut u8) {
+unsafe fn unmap(base: *mut u8) -> bool {
     // SAFETY: the caller's contract.
     #[cfg(not(miri))]
     unsafe {
-        libc::munmap(base.cast(), SLAB);
+        libc::munmap(base.cast(), SLAB) == 0
     }
     // SAFETY: the caller's contract.
     #[cfg(miri)]
     unsafe {
         libc::free(base.cast());
+        true
     }
 }
 
