@@ -15,7 +15,8 @@
 //! Every field is touched under its class's lock alone, held for pointer work and at most
 //! one `mmap` or `munmap`. The locks are spin locks, so that `fork` can take them all
 //! beforehand (`pthread_atfork` handlers installed at load time): a child never inherits
-//! one held.
+//! one held. (The pool's own locks, its list of threads among them, are not held across a
+//! fork: semantics §1.)
 //!
 //! A block handed out is zero-filled: carved bytes are fresh from the OS, and a block given
 //! back is zeroed when it is handed out again.
