@@ -14,6 +14,7 @@ use ndmem_alloc::{heap, Tracking};
 
 mod common;
 use common::child::Rerun;
+use common::forked::{killed, wait_or_kill};
 
 #[global_allocator]
 static GLOBAL: Tracking<TrueLive> = Tracking::new(TrueLive);
@@ -669,28 +670,9 @@ fn fork_beside_limit_changes() {
             // SAFETY: kills this process, the forked child.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
-        let start = std::time::Instant::now();
-        let mut status = 0;
-        loop {
-            // SAFETY: `pid` is this process's child; `status` is a valid out-pointer.
-            let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if done == pid {
-                assert!(
-                    libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
-                    "child status {status}"
-                );
-                break;
-            }
-            if start.elapsed() > std::time::Duration::from_secs(10) {
-                hung += 1;
-                // SAFETY: kills and reaps our own child.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+        match wait_or_kill(pid, std::time::Duration::from_secs(10)) {
+            Some(status) => assert!(killed(status), "child status {status}"),
+            None => hung += 1,
         }
     }
     STOP.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -30,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+mod at_load;
 pub mod counter;
 mod display;
 mod error;

@@ -237,6 +237,12 @@ fn take_slow(size: usize) -> bool {
     TALLY.with(|t| t.take_slow(&LEDGER, size, register))
 }
 
+/// Installs the heap limit's `fork` handlers (once; `crate::at_load` calls it).
+#[cfg_attr(any(miri, not(target_os = "linux")), allow(dead_code))]
+pub(crate) fn arm_fork_handlers() {
+    fork_hook::arm();
+}
+
 /// Registers the calling thread (its tally is already marked registered, so the
 /// allocation `pthread_setspecific` may make re-enters the allocator safely).
 fn register() {
@@ -250,34 +256,16 @@ fn register() {
 /// while another thread held it would inherit it held, with no thread left to release it,
 /// so its first refill, `heap::stats` or `heap::set_limit` would wait forever.
 ///
-/// They are installed when the program is loaded, before it has a second thread: installed
-/// by the first thread to register, a `fork` under way on another thread at that moment
-/// would run without them (glibc runs the handlers it had when the fork began).
+/// They are installed when the program is loaded (`crate::at_load`).
 mod fork_hook {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     static ARMED: AtomicBool = AtomicBool::new(false);
 
-    /// Runs [`arm`] from the program's initialisers.
-    #[cfg(all(target_os = "linux", not(miri)))]
-    #[used]
-    // SAFETY: `.init_array` entries are `extern "C" fn()` run once by the loader before
-    // `main`; `arm_at_load` has that type, runs on the only thread there is, neither unwinds
-    // nor allocates through Rust, and needs nothing the Rust runtime sets up.
-    #[link_section = ".init_array"]
-    static ARM_AT_LOAD: extern "C" fn() = arm_at_load;
-
-    #[cfg(all(target_os = "linux", not(miri)))]
-    extern "C" fn arm_at_load() {
-        arm();
-    }
-
     /// Installs the handlers once per process: at load time, or (where there are no
     /// initialisers) when the first thread registers.
     pub(super) fn arm() {
-        // The reference keeps the initialiser in the link wherever this module is.
-        #[cfg(all(target_os = "linux", not(miri)))]
-        std::hint::black_box(&ARM_AT_LOAD);
+        crate::at_load::keep();
         if !ARMED.swap(true, Ordering::AcqRel) {
             // SAFETY: the handlers have the C ABI and signature pthread expects, and stay
             // valid for the whole program. A failure (ENOMEM) leaves forks unprotected, as

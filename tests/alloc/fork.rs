@@ -4,6 +4,7 @@
 
 use ndmem_alloc::{Limits, Pool};
 
+use crate::common::forked::{killed, wait_or_kill};
 use crate::{pool_with, MIB};
 
 #[test]
@@ -39,28 +40,9 @@ fn a_fork_beside_a_thread_carving_blocks_leaves_the_child_a_usable_pool() {
             // SAFETY: signals this process, the forked child.
             unsafe { libc::kill(libc::getpid(), code) };
         }
-        let start = std::time::Instant::now();
-        let mut status = 0;
-        loop {
-            // SAFETY: `pid` is this process's child; `status` is a valid out-pointer.
-            let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if done == pid {
-                assert!(
-                    libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
-                    "child status {status}"
-                );
-                break;
-            }
-            if start.elapsed() > std::time::Duration::from_secs(10) {
-                hung += 1;
-                // SAFETY: kills and reaps our own child.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+        match wait_or_kill(pid, std::time::Duration::from_secs(10)) {
+            Some(status) => assert!(killed(status), "child status {status}"),
+            None => hung += 1,
         }
     }
     STOP.store(true, Ordering::Relaxed);

@@ -69,6 +69,12 @@ use os::thread_id;
 use reclaim::Reclaimers;
 use stats::{Books, Figures};
 
+/// Installs the slabs' `fork` handlers (once; `crate::at_load` calls it).
+#[cfg_attr(any(miri, not(target_os = "linux")), allow(dead_code))]
+pub(crate) fn arm_fork_handlers() {
+    slab::fork::arm();
+}
+
 /// Freed blocks each shared size class keeps for reuse (the threads' own caches are
 /// bounded by bytes instead).
 pub const SLOTS_PER_CLASS: usize = 16;

@@ -25,23 +25,7 @@ pub(super) fn obtain(capacity: usize) -> Result<NonNull<u8>, i32> {
         return SLABS.obtain(capacity);
     }
     let ptr = if capacity >= MMAP_THRESHOLD {
-        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                capacity,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::ENOMEM));
-        }
-        ptr.cast::<u8>()
+        map_anonymous(capacity)?
     } else {
         let mut ptr = std::ptr::null_mut();
         // SAFETY: `ptr` is a valid out-pointer and the alignment is a power of two that is
@@ -56,6 +40,28 @@ pub(super) fn obtain(capacity: usize) -> Result<NonNull<u8>, i32> {
         ptr.cast::<u8>()
     };
     NonNull::new(ptr).ok_or(libc::ENOMEM)
+}
+
+/// `len` fresh, zero-filled, page-aligned bytes mapped from the OS (read and write,
+/// private), or the OS error number.
+pub(super) fn map_anonymous(len: usize) -> Result<*mut u8, i32> {
+    // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOMEM));
+    }
+    Ok(ptr.cast::<u8>())
 }
 
 /// Returns a block obtained by [`obtain`] to the OS.

@@ -339,23 +339,7 @@ unsafe fn unlink(room: &mut *mut Header, header: *mut Header) {
 #[cfg(not(miri))]
 fn map() -> Result<*mut u8, i32> {
     let len = 2 * SLAB;
-    // SAFETY: an anonymous private mapping with no address hint has no preconditions.
-    let raw = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if raw == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::ENOMEM));
-    }
-    let raw = raw.cast::<u8>();
+    let raw = super::os::map_anonymous(len)?;
     let lead = (SLAB - (raw as usize & (SLAB - 1))) & (SLAB - 1);
     let trail = len - lead - SLAB;
     // SAFETY: both ranges lie inside the mapping just made and outside the slab kept. Were
@@ -410,34 +394,16 @@ unsafe fn unmap(base: *mut u8) -> bool {
 /// `pthread_atfork` handlers that hold every class's lock across a `fork()`, so that a
 /// child never inherits a lock another thread held (with no thread left to release it).
 ///
-/// They are installed when the program is loaded, before it has a second thread: installed
-/// later, a `fork` under way on another thread at that moment would run without them (glibc
-/// runs the handlers it had when the fork began) while this thread takes a lock.
-mod fork {
+/// They are installed when the program is loaded (`crate::at_load`).
+pub(super) mod fork {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     static ARMED: AtomicBool = AtomicBool::new(false);
 
-    /// Runs [`arm`] from the program's initialisers.
-    #[cfg(all(target_os = "linux", not(miri)))]
-    #[used]
-    // SAFETY: `.init_array` entries are `extern "C" fn()` run once by the loader before
-    // `main`; `arm_at_load` has that type, runs on the only thread there is, neither unwinds
-    // nor allocates through Rust, and needs nothing the Rust runtime sets up.
-    #[link_section = ".init_array"]
-    static ARM_AT_LOAD: extern "C" fn() = arm_at_load;
-
-    #[cfg(all(target_os = "linux", not(miri)))]
-    extern "C" fn arm_at_load() {
-        arm();
-    }
-
     /// Installs the handlers once per process: at load time, or (where there are no
     /// initialisers) when the first slab is mapped.
-    pub(super) fn arm() {
-        // The reference keeps the initialiser in the link wherever this module is.
-        #[cfg(all(target_os = "linux", not(miri)))]
-        std::hint::black_box(&ARM_AT_LOAD);
+    pub(crate) fn arm() {
+        crate::at_load::keep();
         if !ARMED.swap(true, Ordering::AcqRel) {
             // SAFETY: the handlers have the C ABI and signature pthread expects and live for
             // the whole program. A failure (ENOMEM) leaves forks unprotected, as before.
