@@ -175,7 +175,8 @@ impl<T: Element> Output<T> {
 ///
 /// Read it through [`TensorView::as_array`] (an ndarray view borrowed from this value, so
 /// it cannot outlive it), [`TensorView::get`], indexing, [`TensorView::iter`],
-/// [`TensorView::sum`] or [`TensorView::to_owned`]. It is not an `ArrayViewD` itself (nor
+/// [`TensorView::sum`], [`TensorView::as_slice`], [`TensorView::to_owned`] and their
+/// kin, or compare it with an ndarray array (`==`). It is not an `ArrayViewD` itself (nor
 /// derefs to one): a clone of such a view would keep the tensor's lifetime and so could
 /// outlive the hold that keeps its memory from being recycled.
 ///
@@ -239,6 +240,67 @@ impl<T: Element> TensorView<'_, T> {
     /// The sum of the elements (ndarray's `sum`; integer sums wrap).
     pub fn sum(&self) -> T {
         T::sum_of(self.view.view())
+    }
+
+    /// The mean of the elements ([`TensorView::sum`] over the count, as ndarray's `mean`):
+    /// `None` when there are none.
+    pub fn mean(&self) -> Option<T> {
+        if self.is_empty() {
+            return None;
+        }
+        Some(self.sum() / T::from_f64(self.len() as f64))
+    }
+
+    /// The elements as a slice in row-major order, if they lie so in memory (not for a
+    /// transposed or broadcast tensor: `None` then, as ndarray's `as_slice`).
+    pub fn as_slice(&self) -> Option<&[T]> {
+        self.view.as_slice()
+    }
+
+    /// A copy of the elements in row-major order.
+    pub fn to_vec(&self) -> Vec<T> {
+        self.view.iter().copied().collect()
+    }
+
+    /// The first element in row-major order, or `None` if there are none.
+    pub fn first(&self) -> Option<&T> {
+        self.view.first()
+    }
+
+    /// The strides, in elements, one per axis (0 along a broadcast axis).
+    pub fn strides(&self) -> &[isize] {
+        self.view.strides()
+    }
+}
+
+impl<'v, T> IntoIterator for &'v TensorView<'_, T> {
+    type Item = &'v T;
+    type IntoIter = ndarray::iter::Iter<'v, T, IxDyn>;
+
+    /// The elements in row-major order, as [`TensorView::iter`].
+    fn into_iter(self) -> Self::IntoIter {
+        self.view.iter()
+    }
+}
+
+/// Equal to an ndarray array of any dimension type with the same shape and elements, so
+/// `assert_eq!(t.view::<f32>()?, ndarray::array![[1.0, 2.0], [3.0, 4.0]])` reads as it
+/// would of an `ArrayViewD`.
+impl<T, S, D> PartialEq<ndarray::ArrayBase<S, D>> for TensorView<'_, T>
+where
+    T: PartialEq,
+    S: ndarray::Data<Elem = T>,
+    D: ndarray::Dimension,
+{
+    fn eq(&self, other: &ndarray::ArrayBase<S, D>) -> bool {
+        self.view.shape() == other.shape() && self.view.iter().eq(other.iter())
+    }
+}
+
+/// Equal when both views have the same shape and elements (wherever their bytes live).
+impl<'b, T: PartialEq> PartialEq<TensorView<'b, T>> for TensorView<'_, T> {
+    fn eq(&self, other: &TensorView<'b, T>) -> bool {
+        self.view == other.view
     }
 }
 

@@ -144,6 +144,51 @@ fn views_reshape_and_broadcast_share_memory() {
 }
 
 #[test]
+fn a_view_reads_like_the_ndarray_view_it_wraps() {
+    let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let view = t.view::<f32>().unwrap();
+    assert_eq!(view, array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]]);
+    assert_ne!(
+        view,
+        array![[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]],
+        "shape differs"
+    );
+    assert_ne!(
+        view,
+        array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 7.0]],
+        "an element differs"
+    );
+    assert_eq!(
+        view.as_slice(),
+        Some(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0][..])
+    );
+    assert_eq!(view.to_vec(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!((view.first(), view.mean()), (Some(&1.0), Some(3.5)));
+    assert_eq!(view.strides(), &[3, 1]);
+    assert_eq!((&view).into_iter().copied().sum::<f32>(), 21.0);
+    assert_eq!(view, t.view::<f32>().unwrap());
+
+    // A transposed tensor is a view with other strides: no slice, the same elements.
+    let tt = t.transpose().unwrap();
+    let tv = tt.view::<f32>().unwrap();
+    assert_eq!(tv.as_slice(), None);
+    assert_eq!(tv.strides(), &[1, 3]);
+    assert_eq!(tv.to_vec(), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    assert_eq!(tv, array![[1.0f32, 4.0], [2.0, 5.0], [3.0, 6.0]]);
+    assert_ne!(tv, view);
+
+    let empty = Tensor::zeros(DType::I32, &[0, 2]).unwrap();
+    let ev = empty.view::<i32>().unwrap();
+    assert_eq!((ev.mean(), ev.first(), ev.to_vec()), (None, None, vec![]));
+    let ints = Tensor::from_slice(&[1i32, 2, 4], &[3]).unwrap();
+    assert_eq!(
+        ints.view::<i32>().unwrap().mean(),
+        Some(2),
+        "integer mean truncates"
+    );
+}
+
+#[test]
 fn creation_functions_fill_as_documented() {
     assert_eq!(
         Tensor::zeros(DType::U8, &[3])
