@@ -390,7 +390,8 @@ impl Arena {
         }
         let (sizing, max_bytes) = (&self.settings.sizing, self.cycles.max_bytes.get());
         if !self.region.has_buffer() {
-            if self.should_learn() {
+            // A cycle that asked for nothing learns nothing (not even `min_size`).
+            if max_bytes > 0 && self.should_learn() {
                 self.replace_buffer(sizing.learned(max_bytes));
             }
         } else if spilled && self.settings.config.policy_spill() == SpillPolicy::Reallocate {
@@ -565,7 +566,16 @@ impl Arena {
         let block = settings
             .config
             .source()
-            .allocate(block_size, block_align, Usage::Workspace)?;
+            .allocate(block_size, block_align, Usage::Workspace)
+            .map_err(|e| match e {
+                // The padded page-aligned request is ours: name the caller's layout.
+                AllocError::InvalidLayout { reason, .. } => AllocError::InvalidLayout {
+                    size,
+                    align,
+                    reason,
+                },
+                other => other,
+            })?;
         let start = block.ptr().as_ptr();
         // In bounds: the block starts on a page and holds `align - page` bytes more than
         // `size`, so the next multiple of `align` leaves `size` bytes after it.

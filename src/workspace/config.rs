@@ -680,6 +680,11 @@ mod tests {
         assert_eq!(DebugMode::parse(None), Ok(DebugMode::Normal));
         assert_eq!(DebugMode::parse(Some("")), Ok(DebugMode::Normal));
         assert_eq!(
+            DebugMode::parse(Some("  ")),
+            Ok(DebugMode::Normal),
+            "spaces alone: empty"
+        );
+        assert_eq!(
             DebugMode::parse(Some(" Spill_Everything ")),
             Ok(DebugMode::SpillEverything)
         );

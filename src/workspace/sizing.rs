@@ -96,22 +96,14 @@ impl Sizing {
         }
     }
 
-    /// A buffer size clamped to `[min_size, max_size]` and rounded to the alignment.
+    /// A buffer size clamped to `[min_size, max_size]` and rounded up to the alignment, but
+    /// never past `max_size` rounded down to it: a cycle bumps aligned sizes and stops at
+    /// `max_size`, so bytes beyond its last aligned offset could never be used (and a
+    /// ring, which bumps each slot to its end, must fit its slots under it). Where
+    /// `min_size` and `max_size` leave no aligned size between them, `max_size` wins
+    /// (`build` keeps `max_size` at or above the alignment, so the result is never 0).
     pub(crate) fn clamp(&self, bytes: usize) -> usize {
-        let mut bytes = bytes.max(self.min);
-        if self.max > 0 {
-            bytes = bytes.min(self.max);
-        }
-        self.round(bytes)
-    }
-
-    /// The bytes a ring may cover: [`Sizing::clamp`], and no more than `max_size` rounded
-    /// down to the alignment. A ring has no bump limit of its own (each cycle bumps in its
-    /// slot to the slot's end), so its slots, aligned, must fit under `max_size` (which
-    /// `build` keeps at or above the alignment); where `min_size` and `max_size` leave no
-    /// aligned size between them, `max_size` wins.
-    fn ring_bytes(&self, bytes: usize) -> usize {
-        let bytes = self.clamp(bytes);
+        let bytes = self.round(bytes.max(self.min));
         if self.max > 0 {
             bytes.min(self.max - self.max % self.align)
         } else {
@@ -134,14 +126,14 @@ impl Sizing {
     /// The ring of a circular workspace created with `initial_size` bytes per slot.
     pub(crate) fn initial_ring(&self, initial_size: usize) -> Option<RingShape> {
         let slot_bytes = self.round(initial_size);
-        RingShape::new(slot_bytes, self.ring_bytes(scaled(slot_bytes, self.factor)))
+        RingShape::new(slot_bytes, self.clamp(scaled(slot_bytes, self.factor)))
     }
 
     /// The ring a circular workspace learns from its first cycles: slots of the largest
     /// cycle x 1.3, the buffer overallocated (semantics §2.4).
     pub(crate) fn learned_ring(&self, max_cycle: usize) -> Option<RingShape> {
         let slot_bytes = self.round(scaled(max_cycle, CIRCULAR_SLOT_MARGIN));
-        RingShape::new(slot_bytes, self.ring_bytes(scaled(slot_bytes, self.factor)))
+        RingShape::new(slot_bytes, self.clamp(scaled(slot_bytes, self.factor)))
     }
 
     /// The ring that replaces `current` after spills with `Reallocate` (semantics §2.4):
@@ -153,7 +145,7 @@ impl Sizing {
     /// new ring, and a ring that keeps its slots would spill every cycle forever.
     pub(crate) fn rebuilt_ring(&self, max_cycle: usize, current: RingShape) -> Option<RingShape> {
         let slot_bytes = self.round(max_cycle);
-        let bytes = self.ring_bytes(slot_bytes.saturating_mul(current.slots));
+        let bytes = self.clamp(slot_bytes.saturating_mul(current.slots));
         if slot_bytes > current.slot_bytes && bytes > current.bytes() {
             RingShape::new(slot_bytes, bytes)
         } else {
@@ -266,7 +258,11 @@ mod tests {
         assert_eq!(s.round(1), 16);
         assert_eq!(s.round(usize::MAX), usize::MAX - 15, "saturates, aligned");
         assert_eq!(s.clamp(1), 112, "min_size, rounded");
-        assert_eq!(s.clamp(5000), 1008, "max_size, rounded");
+        assert_eq!(
+            s.clamp(5000),
+            992,
+            "max_size, rounded down: bumps stop at it"
+        );
         assert_eq!(s.learned(500), 512, "Strict: no overallocation");
         assert_eq!(sizing(0.3).learned(1000), 1312);
         assert_eq!(

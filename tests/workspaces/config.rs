@@ -8,6 +8,7 @@ use ndmem::{
     ResetPolicy, SpillPolicy, WorkspaceConfig,
 };
 
+use ndmem::alloc::AllocError;
 use ndmem::workspace::{DebugMode, ENV_WORKSPACES};
 
 use crate::common::{child::Rerun, test_name};
@@ -384,7 +385,11 @@ fn a_cycle_bumps_no_further_than_max_size_in_a_larger_size_class() {
     // still bumps at most max_size bytes and spills the rest.
     let cfg = strict().min_size(50_000).max_size(50_000).build().unwrap();
     let ws = workspaces();
-    drop(ws.get_and_activate(&cfg, "MAX_CLASS").unwrap()); // learns min_size
+    // A first cycle of 16 bytes learns min_size (an empty one would learn nothing).
+    ws.get_and_activate(&cfg, "MAX_CLASS")
+        .unwrap()
+        .alloc(layout(16))
+        .unwrap();
     let size = ws.workspace("MAX_CLASS").unwrap().size;
     assert!(size > 50_000, "a larger size class: {size}");
     let g = ws.get_and_activate(&cfg, "MAX_CLASS").unwrap();
@@ -394,4 +399,28 @@ fn a_cycle_bumps_no_further_than_max_size_in_a_larger_size_class() {
     assert_eq!(g.stats().spilled_bytes, 16, "past max_size: spilled");
     drop(g);
     ws.destroy("MAX_CLASS").unwrap();
+}
+
+#[test]
+fn a_refused_spill_aligned_past_a_page_names_the_layout_asked_for() {
+    // Semantics §2.1: a spill aligned past 4096 takes a padded, page-aligned pool block;
+    // when the pool refuses that layout, the error names the caller's size and alignment,
+    // not the padded request (it used to say "... bytes aligned to 4096").
+    let ws = workspaces();
+    let cfg = strict().build().unwrap();
+    let g = ws.get_and_activate(&cfg, "PADDED_REFUSAL").unwrap();
+    let size = isize::MAX as usize - 9000;
+    let asked = Layout::from_size_align(size, 8192).unwrap();
+    match g.alloc(asked) {
+        Err(Error::Alloc(AllocError::InvalidLayout {
+            size: s, align: a, ..
+        })) => assert_eq!((s, a), (size, 8192)),
+        other => panic!("expected InvalidLayout, got {other:?}"),
+    }
+    let text = g.alloc(asked).unwrap_err().to_string();
+    assert!(
+        text.contains(&size.to_string()) && text.contains("8192"),
+        "{text}"
+    );
+    assert_eq!(g.stats().spilled_bytes, 0, "nothing taken");
 }

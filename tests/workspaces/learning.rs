@@ -77,6 +77,50 @@ fn learned_size_is_clamped_to_min_and_max() {
 }
 
 #[test]
+fn an_empty_cycle_learns_nothing_even_under_a_min_size() {
+    // Semantics §2.3: a first cycle that asked for nothing learns nothing, min_size or not
+    // (it used to learn a min_size buffer from a cycle of zero bytes); FirstLoop and
+    // OverTime alike.
+    let ws = workspaces();
+    for (id, learning) in [
+        ("EMPTY_MIN_FIRST", LearningPolicy::FirstLoop),
+        ("EMPTY_MIN_OVER", LearningPolicy::OverTime),
+    ] {
+        let cfg = WorkspaceConfig::builder()
+            .min_size(64 << 10)
+            .policy_learning(learning)
+            .build()
+            .unwrap();
+        drop(ws.get_and_activate(&cfg, id).unwrap());
+        let s = ws.workspace(id).unwrap();
+        assert_eq!((s.cycles, s.max_cycle, s.size), (1, 0, 0), "{id}");
+        fill(&ws.get_and_activate(&cfg, id).unwrap(), 1, 100);
+        assert_eq!(ws.workspace(id).unwrap().size, capacity(64 << 10), "{id}");
+    }
+}
+
+#[test]
+fn a_learned_buffer_stops_at_max_size_rounded_down_to_the_alignment() {
+    // Semantics §2.3: clamped, then aligned, but never past max_size: a cycle bumps no
+    // further than max_size, so a 5000..6000 buffer at alignment 4096 is 4096 bytes (it was
+    // 8192, half of it beyond any bump, all of it counted against the pool's limit).
+    let ws = workspaces();
+    let cfg = WorkspaceConfig::builder()
+        .alignment(4096)
+        .min_size(5000)
+        .max_size(6000)
+        .build()
+        .unwrap();
+    fill(&ws.get_and_activate(&cfg, "MAX_ALIGNED").unwrap(), 1, 10);
+    assert_eq!(ws.workspace("MAX_ALIGNED").unwrap().size, capacity(4096));
+    let g = ws.get_and_activate(&cfg, "MAX_ALIGNED").unwrap();
+    fill(&g, 1, 4096);
+    assert_eq!(g.stats().spilled_bytes, 0, "the whole buffer is bumped");
+    fill(&g, 1, 10);
+    assert!(g.stats().spilled_bytes > 0, "max_size reached: spilled");
+}
+
+#[test]
 fn over_time_learns_after_n_cycles_from_the_largest() {
     // Semantics §2.3: OverTime spills until cycles >= cycles_before_initialization.
     let ws = workspaces();
