@@ -232,14 +232,19 @@ pub fn collect() -> usize {
     before.saturating_sub(last)
 }
 
-/// The pools' reclaimer: [`collect`], again and again while frees are pending, for at most
-/// [`LIMIT_WAIT`] (a second). A thread pinned for the length of one operation (every op pins, and so
-/// does every free) holds the epoch back for a moment only; one `collect` that met such a
-/// pin freed nothing, and the pool refused a request whose bytes were only waiting.
+/// The pools' reclaimer: [`collect`], again and again while frees are pending and none
+/// was freed yet, for at most [`LIMIT_WAIT`] (a second). A thread pinned for the length of
+/// one operation (every op pins, and so does every free) holds the epoch back for a moment
+/// only; one `collect` that met such a pin freed nothing, and the pool refused a request
+/// whose bytes were only waiting. It returns once something was freed: the pool retries,
+/// and runs it again in its next relief round if the request still does not fit, so a
+/// busy process (other threads deferring frees all the while) is not held here a second
+/// per round waiting for a queue that never empties.
 fn collect_at_limit() -> usize {
     let deadline = std::time::Instant::now() + LIMIT_WAIT;
     let mut freed = collect();
-    while PENDING.load(Ordering::Relaxed) > 0 && std::time::Instant::now() < deadline {
+    while freed == 0 && PENDING.load(Ordering::Relaxed) > 0 && std::time::Instant::now() < deadline
+    {
         std::thread::yield_now();
         freed += collect();
     }

@@ -31,6 +31,46 @@ fn registered_reclaimers_run_before_an_allocation_fails() {
     );
 }
 
+static LATE: Mutex<Vec<Block<'static>>> = Mutex::new(Vec::new());
+static LATE_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Semantics §1: the reclaimers run in every relief round while a round frees something,
+/// not in the first alone. Here the bytes the request needs become reclaimable only after
+/// the first round (as when other threads close scopes while it relieves: their frees are
+/// pending a moment later); a pool that ran its reclaimers once refused the request with
+/// those bytes only waiting.
+#[test]
+fn reclaimers_run_again_in_each_relief_round_that_freed_something() {
+    let pool: &'static Pool = Box::leak(Box::new(pool_with(8 * MIB)));
+    pool.register_reclaimer(|| {
+        let call = LATE_CALLS.fetch_add(1, Ordering::SeqCst);
+        let mut late = LATE.lock().unwrap();
+        // Call 0 frees one small block; call 1 the big one.
+        let take = match call {
+            0 => late.iter().position(|b| b.capacity() < MIB),
+            1 => late.iter().position(|b| b.capacity() >= MIB),
+            _ => None,
+        };
+        take.map_or(0, |i| late.swap_remove(i).capacity())
+    });
+    {
+        let mut late = LATE.lock().unwrap();
+        late.push(pool.allocate(6 * MIB, 64).unwrap());
+        late.push(pool.allocate(64 << 10, 64).unwrap());
+    }
+    let block = pool
+        .allocate(6 * MIB, 64)
+        .expect("the second round freed the bytes");
+    assert_eq!(LATE_CALLS.load(Ordering::SeqCst), 2);
+    assert_eq!(pool.stats().live_bytes, block.capacity());
+    drop(block);
+    // Rounds stop when one frees nothing: a request that can never fit is refused after
+    // two more calls (the first round's trim released the cache, so a second round ran).
+    let err = pool.allocate(16 * MIB, 64).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory { .. }), "{err:?}");
+    assert_eq!(LATE_CALLS.load(Ordering::SeqCst), 4);
+}
+
 static RECURSIVE_CALLS: AtomicUsize = AtomicUsize::new(0);
 static RECURSIVE_INNER_REFUSED: AtomicUsize = AtomicUsize::new(0);
 

@@ -131,13 +131,15 @@ impl Settings {
         bytes.next_multiple_of(self.alignment)
     }
 
-    /// semantics §2.1, §2.3: clamped to [min_size, max_size], rounded to the alignment.
+    /// semantics §2.1, §2.3: clamped to [min_size, max_size], rounded up to the alignment
+    /// but never past max_size rounded down to it (max_size wins).
     fn clamp(&self, bytes: usize) -> usize {
-        let mut bytes = bytes.max(self.min_size);
+        let bytes = self.round(bytes.max(self.min_size));
         if self.max_size > 0 {
-            bytes = bytes.min(self.max_size);
+            bytes.min(self.max_size - self.max_size % self.alignment)
+        } else {
+            bytes
         }
-        self.round(bytes)
     }
 
     /// `bytes x factor`, rounded up (exact for the factors used here).
@@ -237,7 +239,9 @@ impl Model {
             }
         };
         if self.size == 0 {
+            // A cycle that asked for nothing learns nothing, min_size or not.
             let learns = s.initial_size == 0
+                && self.max_cycle > 0
                 && match s.learning {
                     LearningPolicy::FirstLoop => true,
                     LearningPolicy::OverTime => {

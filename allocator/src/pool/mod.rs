@@ -432,8 +432,9 @@ impl Pool {
         Arc::as_ptr(&self.core) as usize
     }
 
-    /// Registers a callback run when an allocation reaches a limit, before the caches are
-    /// released and the allocation retried once. It returns the bytes it freed.
+    /// Registers a callback run when an allocation reaches a limit, in each relief round
+    /// before the caches are released and the allocation retried. It returns the bytes it
+    /// freed: the rounds go on (at most 16) while a round freed something.
     ///
     /// A reclaimer may allocate from the pool; if that allocation reaches a limit too, the
     /// reclaimers are not run again for it (no recursion). A reclaimer that panics fails
@@ -806,7 +807,14 @@ impl Core {
                 // One retry counted per request, however many rounds it takes.
                 self.books.retry();
                 crate::trace::count_retry();
-                if let Err(message) = self.reclaimers.run(self as *const Core as usize) {
+            }
+            // The reclaimers every round, not the first alone: while this request relieves,
+            // other threads go on deferring frees (a scope closed is a free pending), and
+            // a request refused with them pending would be refused for bytes that are only
+            // waiting.
+            let reclaimed = match self.reclaimers.run(self as *const Core as usize) {
+                Ok(bytes) => bytes,
+                Err(message) => {
                     self.books.failure();
                     return Err(AllocError::ReclaimerPanicked {
                         kind: MemoryKind::Host,
@@ -814,13 +822,13 @@ impl Core {
                         message,
                     });
                 }
-            }
+            };
             rounds += 1;
             if let Some(ptr) = class.and_then(|c| self.take_cached(c, capacity)) {
                 return Ok(Some(ptr));
             }
             let waited = self.wait_for_trims(&mut deadline);
-            progress = self.trim() > 0 || waited;
+            progress = self.trim() > 0 || waited || reclaimed > 0;
         }
     }
 

@@ -75,28 +75,30 @@ impl Reclaimers {
     /// Runs every reclaimer once on behalf of the pool at address `pool`, unless this
     /// thread is already running that pool's reclaimers. A reclaimer that panics stops the
     /// round: `Err` carries its panic message.
-    pub(super) fn run(&self, pool: usize) -> Result<(), String> {
+    pub(super) fn run(&self, pool: usize) -> Result<usize, String> {
         let outer = RECLAIMING.with(|r| r.get());
         if outer == pool {
-            return Ok(());
+            return Ok(0);
         }
         let reclaimers = self.current();
         if reclaimers.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         RECLAIMING.with(|r| r.set(pool));
         // Restores the outer pool's mark whatever the reclaimers do.
         let _restore = RestoreReclaiming(outer);
+        let mut freed = 0usize;
         for reclaim in reclaimers.iter() {
             // AssertUnwindSafe: the pool's own state is consistent while a reclaimer runs
             // (no lock is held, no count is half-updated), and whatever a panicking
             // reclaimer leaves half-done is its own state, which it shares with every
             // thread anyway (it is `Sync`); the closure is only borrowed from the list.
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| reclaim())) {
-                return Err(panic_message(&*payload));
+            match catch_unwind(AssertUnwindSafe(|| reclaim())) {
+                Ok(bytes) => freed = freed.saturating_add(bytes),
+                Err(payload) => return Err(panic_message(&*payload)),
             }
         }
-        Ok(())
+        Ok(freed)
     }
 }
 
