@@ -28,8 +28,15 @@ const MIN_CLASS: usize = 512;
 const MAX_CACHED: usize = 1 << 30;
 /// Classes: one for `<= 512`, then four per power of two up to [`MAX_CACHED`].
 const CLASSES: usize = 1 + 4 * (MAX_CACHED.trailing_zeros() as usize - 9);
-/// How long an allocation at the limit keeps flushing this device's deferred frees.
-const DEFERRED_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long an allocation at the limit keeps flushing this device's deferred frees while
+/// none come back: a second, as the host pool's reclaimer. A thread descheduled while
+/// pinned holds them back that long on a loaded machine: 8 threads moving tensors to a
+/// device beside 8 more on two cores were refused with 11 MiB of the device's 16 MiB
+/// pending behind a pin after 100 ms.
+const DEFERRED_WAIT: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// Relief rounds a request refused at the device's limit runs at most (as the host pool).
+const RELIEF_ROUNDS: u32 = 16;
 /// Buffers kept per class.
 pub(crate) const CACHED_PER_CLASS: usize = 32;
 
@@ -205,12 +212,16 @@ impl Inner {
         Some(ptr)
     }
 
-    /// Reserves and asks the driver; at the limit, flushes deferred frees, then empties
-    /// the cache, and tries once more. Counts each relief (`alloc_retries`) and each
-    /// failure (`failed_allocations`), on this cold path only.
+    /// Reserves and asks the driver; at the limit, relieves in rounds (flushes deferred
+    /// frees, then empties the cache, then tries again), for as long as a round freed
+    /// something, at most [`RELIEF_ROUNDS`]: other threads go on deferring frees while a
+    /// request relieves, and a request refused with those pending would be refused for
+    /// bytes that are only waiting. Counts one relief per request (`alloc_retries`) and
+    /// each failure (`failed_allocations`), on this cold path only.
     fn allocate_new(&self, bytes: usize, capacity: usize) -> Result<u64> {
         let class = size_class(bytes).0;
-        let mut retried = false;
+        let mut rounds = 0;
+        let mut progress = true;
         loop {
             match self.pool.budget.try_reserve(capacity) {
                 Ok(_) => match self.backend.malloc(self.ordinal, capacity) {
@@ -220,15 +231,16 @@ impl Inner {
                     }
                     Err(e) => {
                         self.pool.budget.release(capacity);
-                        if retried || self.trim() == 0 {
+                        if rounds > 0 || self.trim() == 0 {
                             bump(&self.counters.failed_allocations, 1);
                             return Err(e);
                         }
                         bump(&self.counters.alloc_retries, 1);
+                        rounds = RELIEF_ROUNDS; // the driver refused: one retry only
                     }
                 },
                 Err(exhausted) => {
-                    if retried {
+                    if rounds >= RELIEF_ROUNDS || !progress {
                         bump(&self.counters.failed_allocations, 1);
                         let error = AllocError::OutOfMemory {
                             kind: MemoryKind::Device(self.ordinal),
@@ -250,28 +262,35 @@ impl Inner {
                         super::note_refusal(self);
                         return Err(error.into());
                     }
-                    // Relief, then one retry (counted even when relief itself serves it).
-                    bump(&self.counters.alloc_retries, 1);
-                    // Flush this device's deferred frees. A thread pinned elsewhere holds
-                    // them back only for the length of one operation: keep collecting
-                    // while some are pending, for at most 100 ms.
-                    let deadline = std::time::Instant::now() + DEFERRED_WAIT;
-                    loop {
-                        crate::reclaim::collect();
-                        if self.counters.deferred.load(Ordering::Relaxed) == 0
-                            || std::time::Instant::now() >= deadline
-                        {
-                            break;
-                        }
-                        std::thread::yield_now();
+                    if rounds == 0 {
+                        // Relief, then retries (counted once, even when relief serves it).
+                        bump(&self.counters.alloc_retries, 1);
                     }
+                    rounds += 1;
+                    let freed = self.flush_deferred();
                     if let Some(ptr) = self.take_cached(class, capacity) {
                         return Ok(ptr);
                     }
-                    self.trim();
+                    progress = self.trim() > 0 || freed;
                 }
             }
-            retried = true;
+        }
+    }
+
+    /// Flushes deferred frees until some of this device's come back, or none are
+    /// pending, for at most [`DEFERRED_WAIT`]: a thread pinned elsewhere holds them back
+    /// only for the length of one operation. Whether any of this device's came back.
+    fn flush_deferred(&self) -> bool {
+        let deferred = &self.counters.deferred;
+        let before = deferred.load(Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + DEFERRED_WAIT;
+        loop {
+            crate::reclaim::collect();
+            let now = deferred.load(Ordering::Relaxed);
+            if now < before || now == 0 || std::time::Instant::now() >= deadline {
+                return now < before;
+            }
+            std::thread::yield_now();
         }
     }
 
