@@ -298,19 +298,26 @@ impl fmt::Display for OomReport {
             AllocError::OutOfMemory {
                 kind,
                 requested,
+                needed,
                 thread,
                 used,
                 limit,
                 holders,
                 ..
-            } => write!(
-                f,
-                "Can't allocate {kind} memory: {requested} bytes; threadId: {thread}; {} {} of {} limit in use ({})",
-                kind.budget(),
-                ByteSize(*used),
-                ByteSize(*limit),
-                holders.of(*kind)
-            )?,
+            } => {
+                write!(f, "Can't allocate {kind} memory: {requested} bytes")?;
+                if needed > requested {
+                    write!(f, " (a block of {})", ByteSize(*needed))?;
+                }
+                write!(
+                    f,
+                    "; threadId: {thread}; {} {} of {} limit in use ({})",
+                    kind.budget(),
+                    ByteSize(*used),
+                    ByteSize(*limit),
+                    holders.of(*kind)
+                )?
+            }
             other => write!(f, "{other}")?,
         }
         if !self.holders.is_empty() {

@@ -119,12 +119,16 @@ impl Holders {
 pub enum AllocError {
     /// The budget (`NDMEM_MAX_BYTES`, or a device budget) would be exceeded. With a
     /// [`report`](AllocError::OutOfMemory::report) attached, the message is the report's.
-    #[error("{}", OomMessage::of(.kind, .requested, .thread, .used, .limit, .holders, .variable, .report))]
+    #[error("{}", OomMessage::of(.kind, (.requested, .needed), .thread, .used, .limit, .holders, .variable, .report))]
     OutOfMemory {
         /// Host or device memory.
         kind: MemoryKind,
         /// Bytes asked for.
         requested: usize,
+        /// Bytes the request would count against the limit: `requested` rounded up to the
+        /// block that serves it (its size class, or whole pages); the message names it
+        /// when it is more than `requested`, since that is what did not fit.
+        needed: usize,
         /// OS thread id of the requesting thread.
         thread: u64,
         /// Bytes counted against the limit when the request failed.
@@ -212,6 +216,7 @@ pub enum AllocError {
 struct OomMessage<'a> {
     kind: MemoryKind,
     requested: usize,
+    needed: usize,
     thread: u64,
     used: usize,
     limit: usize,
@@ -224,7 +229,7 @@ impl<'a> OomMessage<'a> {
     #[allow(clippy::too_many_arguments)] // the variant's fields, as thiserror passes them
     fn of(
         kind: &MemoryKind,
-        requested: &usize,
+        (requested, needed): (&usize, &usize),
         thread: &u64,
         used: &usize,
         limit: &usize,
@@ -235,6 +240,7 @@ impl<'a> OomMessage<'a> {
         OomMessage {
             kind: *kind,
             requested: *requested,
+            needed: *needed,
             thread: *thread,
             used: *used,
             limit: *limit,
@@ -245,6 +251,22 @@ impl<'a> OomMessage<'a> {
     }
 }
 
+/// The bytes of a refused request as its message opens: `1000000 bytes`, and the block
+/// that would have served it when that is larger (`1000000 bytes (a block of 1.00 MiB)`),
+/// since the block's bytes are what did not fit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Requested(pub(crate) usize, pub(crate) usize);
+
+impl fmt::Display for Requested {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes", self.0)?;
+        if self.1 > self.0 {
+            write!(f, " (a block of {})", ByteSize(self.1))?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for OomMessage<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(report) = self.report {
@@ -252,11 +274,11 @@ impl fmt::Display for OomMessage<'_> {
         }
         write!(
             f,
-            "Can't allocate {} memory: {} bytes; threadId: {}; {} {} of {} limit in use ({}); \
+            "Can't allocate {} memory: {}; threadId: {}; {} {} of {} limit in use ({}); \
              raise {} or free memory (close scopes, detach fewer tensors, destroy unused \
              workspaces)",
             self.kind,
-            self.requested,
+            Requested(self.requested, self.needed),
             self.thread,
             self.kind.budget(),
             ByteSize(self.used),

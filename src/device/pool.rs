@@ -246,6 +246,7 @@ impl Inner {
                             kind: MemoryKind::Device(self.ordinal),
                             // The bytes asked for, as the host pool says (not the class).
                             requested: bytes,
+                            needed: capacity,
                             thread: ndmem_alloc::os_thread_id(),
                             used: exhausted.used,
                             limit: exhausted.limit,

@@ -165,6 +165,9 @@ pub struct PoolSnapshot {
     pub stats: PoolStats,
     /// Its PyTorch-style counters.
     pub counters: BudgetCounters,
+    /// Why the pool refuses every allocation, if its configuration is invalid
+    /// ([`Pool::config_error`]: garbage in `NDMEM_MAX_BYTES` for the global pool).
+    pub config_error: Option<String>,
 }
 
 /// One workspace in a [`Snapshot`], with the thread that owns it.
@@ -379,6 +382,7 @@ fn take(pools: Vec<(String, &'static Pool)>) -> Snapshot {
                 name,
                 counters: BudgetCounters::of_pool(&stats),
                 stats,
+                config_error: pool.config_error().map(ToString::to_string),
             }
         })
         .collect();

@@ -201,7 +201,10 @@ impl fmt::Display for BudgetCounters {
 
 impl fmt::Display for PoolSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "[{}] {}", self.name, self.stats)
+        match &self.config_error {
+            Some(error) => write!(f, "[{}] unusable: {error}", self.name),
+            None => write!(f, "[{}] {}", self.name, self.stats),
+        }
     }
 }
 
@@ -387,6 +390,10 @@ impl fmt::Display for Snapshot {
         table.border(f, '-')?;
         let mut limits = format!("limits: heap {}", limit(self.heap.limit));
         for pool in &self.pools {
+            if let Some(error) = &pool.config_error {
+                limits.push_str(&format!("; [{}] unusable: {error}", pool.name));
+                continue;
+            }
             limits.push_str(&format!(
                 "; [{}] {} (cached {}, OS calls {}/{}, retries {}, OOMs {})",
                 pool.name,
@@ -501,6 +508,7 @@ mod tests {
                 name: "a pool whose name is longer than the label column".into(),
                 stats: PoolStats::default(),
                 counters: pool_counters,
+                config_error: None,
             }],
             workspaces: Vec::new(),
             scopes: Vec::new(),

@@ -64,6 +64,31 @@ fn bad_requests_are_errors_that_change_nothing() {
 }
 
 #[test]
+fn a_refusal_names_the_block_a_rounded_request_needed() {
+    // Semantics §1: the request fits the limit but its block (its size class) does not;
+    // the message says so, not only "1000000 bytes ... 0 B of 976.6 KiB in use".
+    let pool = ndmem_alloc::Pool::new(ndmem_alloc::Limits::builder().max_bytes(1_000_000).build());
+    let err = pool.allocate(1_000_000, 16).unwrap_err();
+    let AllocError::OutOfMemory {
+        requested,
+        needed,
+        used,
+        ..
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!((requested, used), (1_000_000, 0));
+    assert!(needed > 1_000_000, "the block is larger: {needed}");
+    let msg = err.to_string();
+    let block = format!("1000000 bytes (a block of {});", ByteSize(needed));
+    assert!(msg.contains(&block), "{msg}");
+    // A request its block fits exactly says nothing more.
+    let err = pool_with(MIB).allocate(2 * MIB, 64).unwrap_err();
+    assert!(err.to_string().contains("2097152 bytes; threadId"), "{err}");
+}
+
+#[test]
 fn a_request_too_large_for_the_limit_is_refused_with_a_useful_message() {
     let pool = pool_with(8 * MIB);
     let _ws = pool.allocate_for(5 * MIB, 64, Usage::Workspace).unwrap();

@@ -394,18 +394,26 @@ fn refusals_and_retries_are_counted_in_the_stats_and_the_snapshot() {
 }
 
 #[test]
-fn a_refusal_names_the_bytes_asked_for_not_the_size_class() {
+fn a_refusal_names_the_bytes_asked_for_then_the_size_class() {
+    // The bytes asked for open the message; the class block that did not fit follows.
     let gpu = limited(0, DeviceLimit::Bytes(400_000)).unwrap();
     let err = gpu.allocate(400_000).unwrap_err();
     let msg = err.to_string();
-    assert!(
-        msg.starts_with("Can't allocate [DEVICE 0] memory: 400000 bytes;"),
-        "{msg}"
-    );
-    match err.alloc_error() {
-        Some(&AllocError::OutOfMemory { requested, .. }) => assert_eq!(requested, 400_000),
+    let needed = match err.alloc_error() {
+        Some(&AllocError::OutOfMemory {
+            requested, needed, ..
+        }) => {
+            assert_eq!(requested, 400_000);
+            needed
+        }
         other => panic!("{other:?}"),
-    }
+    };
+    assert!(needed > 400_000, "a larger class: {needed}");
+    let opening = format!(
+        "Can't allocate [DEVICE 0] memory: 400000 bytes (a block of {});",
+        ndmem::alloc::ByteSize(needed)
+    );
+    assert!(msg.starts_with(&opening), "{msg}");
 }
 
 /// The `threadId` of a refusal of `gpu` and of a host pool's, on the calling thread.

@@ -1228,3 +1228,33 @@ fn a_scope_peak_reset_is_not_undone_by_a_snapshot_that_read_before_it() {
         "rounds with a peak from before the reset: {bad:?}"
     );
 }
+
+#[test]
+fn a_misconfigured_global_pool_reads_as_unusable_in_the_summary_and_snapshot() {
+    // Semantics §1: garbage in NDMEM_MAX_BYTES makes the global pool refuse everything;
+    // the summary and the snapshot say so and why, not "a limit of 0 B".
+    let test = common::test_name!(misconfigured_global_child);
+    common::child::Rerun::test(test)
+        .env("NDMEM_MAX_BYTES", "garbage")
+        .passes();
+}
+
+/// Runs in the child of
+/// [`a_misconfigured_global_pool_reads_as_unusable_in_the_summary_and_snapshot`].
+#[test]
+#[ignore = "run by a_misconfigured_global_pool_reads_as_unusable_in_the_summary_and_snapshot"]
+fn misconfigured_global_child() {
+    let error = Pool::global().config_error().expect("garbage is an error");
+    assert!(error.to_string().contains("NDMEM_MAX_BYTES"), "{error}");
+    let snapshot = stats::snapshot();
+    let global = snapshot
+        .pools
+        .iter()
+        .find(|p| p.name == "global")
+        .expect("the global pool is listed");
+    assert_eq!(global.config_error.as_deref(), Some(&*error.to_string()));
+    let summary = stats::memory_summary();
+    assert!(summary.contains("[global] unusable:"), "{summary}");
+    assert!(!summary.contains("[global] 0 B"), "{summary}");
+    assert!(Pool::new(Limits::unlimited()).config_error().is_none());
+}

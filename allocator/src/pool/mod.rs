@@ -215,6 +215,13 @@ impl Pool {
         }
     }
 
+    /// The configuration error that makes this pool refuse every allocation (garbage in
+    /// `NDMEM_MAX_BYTES` or `NDMEM_MAX_PHYSICAL_BYTES` for [`Pool::global`]); `None` for a
+    /// usable pool.
+    pub fn config_error(&self) -> Option<&ConfigError> {
+        self.core.config_error.as_ref()
+    }
+
     /// An independent pool with its own limits and cache (tests, embedding).
     pub fn new(limits: Limits) -> Pool {
         Pool::listed(Core::new(limits))
@@ -796,7 +803,7 @@ impl Core {
                         self.physical_error(requested, rss)
                     }
                 },
-                Err(e) => self.out_of_memory(requested, e.used, e.limit),
+                Err(e) => self.out_of_memory(requested, capacity, e.used, e.limit),
             };
             if rounds == RELIEF_ROUNDS || !progress {
                 self.books.failure();
@@ -914,10 +921,17 @@ impl Core {
         released
     }
 
-    fn out_of_memory(&self, requested: usize, used: usize, limit: usize) -> AllocError {
+    fn out_of_memory(
+        &self,
+        requested: usize,
+        needed: usize,
+        used: usize,
+        limit: usize,
+    ) -> AllocError {
         AllocError::OutOfMemory {
             kind: MemoryKind::Host,
             requested,
+            needed,
             thread: thread_id(),
             used,
             limit,
