@@ -686,6 +686,23 @@ impl Owner {
         }
     }
 
+    /// The refusal of `op` (`what` it would do) on `owned` by this closed owner:
+    /// [`Error::ScopeClosed`] when the memory was this owner's (its tensor is what the
+    /// close made unusable), else [`Error::Scope`] saying the scope is closed (the tensor
+    /// is someone else's and still usable; only this scope can no longer act).
+    fn closed_for(self: &Arc<Self>, op: &str, what: &str, owned: &Arc<Owned>) -> Error {
+        match owned.owner() {
+            Some(owner) if Arc::ptr_eq(&owner, self) => self.closed(op, "X"),
+            _ => Error::Scope {
+                scope: self.name.clone(),
+                message: format!(
+                    "is closed, so it cannot {what} a tensor (this one is not its: it was \
+                     not freed by the close and stays usable)"
+                ),
+            },
+        }
+    }
+
     fn not_owned(&self, what: &str) -> Error {
         Error::Scope {
             scope: self.name.clone(),
@@ -791,10 +808,10 @@ impl Owner {
 
     /// Hands `owned` from this owner to its handles (borrowed memory included: neither
     /// this owner nor the one it was borrowed from owns it afterwards).
-    pub(crate) fn detach(&self, owned: &Arc<Owned>) -> Result<()> {
+    pub(crate) fn detach(self: &Arc<Self>, owned: &Arc<Owned>) -> Result<()> {
         let _transfer = ownership_lock();
         if self.is_closed() {
-            return Err(self.closed("detach", "X"));
+            return Err(self.closed_for("detach", "detach", owned));
         }
         let entry = self
             .release(owned)
@@ -857,7 +874,7 @@ impl Owner {
         })?;
         let _transfer = ownership_lock();
         if self.is_closed() {
-            return Err(self.closed("ret", "X"));
+            return Err(self.closed_for("ret", "return", owned));
         }
         owned.check_not_freed("ret")?;
         let entry = self

@@ -628,3 +628,31 @@ fn detach_from_a_workspace_copies_into_the_workspace_source() {
     assert_eq!(kept.to_vec::<f32>().unwrap(), vec![3.0; 16]);
     ws.destroy("OWN_SOURCE_DETACH").unwrap();
 }
+
+#[test]
+fn a_closed_scope_refuses_detach_and_ret_naming_itself_not_the_tensor() {
+    // Semantics §4: a scope closed (here through its parent) can no longer detach or
+    // return. A tensor it owned was freed by the close: ScopeClosed, naming the scope. A
+    // tensor it never owned is untouched and usable: the error says the scope is closed,
+    // not that the tensor belongs to it.
+    let parent = Scope::new_base("closed-parent");
+    let child = parent.child("closed-child").unwrap();
+    let its = child.zeros(DType::F32, &[4]).unwrap();
+    let other = Tensor::zeros(DType::F32, &[4]).unwrap();
+    parent.close().unwrap();
+    match child.detach(&its) {
+        Err(Error::ScopeClosed { scope, .. }) => assert_eq!(scope, "closed-child"),
+        other => panic!("expected ScopeClosed, got {other:?}"),
+    }
+    for result in [child.detach(&other).map(drop), child.ret(&other).map(drop)] {
+        match result {
+            Err(Error::Scope { scope, message }) => {
+                assert_eq!(scope, "closed-child");
+                assert!(message.contains("is closed"), "{message}");
+            }
+            other => panic!("expected Error::Scope, got {other:?}"),
+        }
+    }
+    assert_eq!(other.to_vec::<f32>().unwrap(), vec![0.0; 4], "still usable");
+    assert!(its.to_vec::<f32>().is_err(), "freed by the close");
+}
