@@ -322,9 +322,16 @@ fn a_trace_ring_the_heap_cannot_hold_is_an_error_not_an_abort() {
 static HOOK_SIZE: AtomicUsize = AtomicUsize::new(0);
 static HOOK_ALIGN: AtomicUsize = AtomicUsize::new(0);
 
+/// `heap::system_refused()` as the hook saw it (1: true, 2: false).
+static HOOK_BY_SYSTEM: AtomicUsize = AtomicUsize::new(0);
+
 fn layout_hook(layout: Layout, _: &heap::HeapStats) {
     HOOK_SIZE.store(layout.size(), Ordering::Relaxed);
     HOOK_ALIGN.store(layout.align(), Ordering::Relaxed);
+    HOOK_BY_SYSTEM.store(
+        if heap::system_refused() { 1 } else { 2 },
+        Ordering::Relaxed,
+    );
 }
 
 /// The inner allocator refuses an allocation `Tracking` had room for: the caller gets
@@ -359,6 +366,11 @@ fn an_inner_refusal_counts_a_failure_and_nothing_else() {
                 (size, align),
                 "the hook sees the layout asked for"
             );
+            assert_eq!(
+                HOOK_BY_SYSTEM.load(Ordering::Relaxed),
+                1,
+                "the hook is told the system refused"
+            );
             let after = heap::stats();
             let what = format!("{size} bytes, zeroed {zeroed}: {before:?} then {after:?}");
             assert_eq!(
@@ -375,7 +387,31 @@ fn an_inner_refusal_counts_a_failure_and_nothing_else() {
             assert_eq!(after.peak_bytes, before.peak_bytes, "{what}");
         }
     }
+    // A refusal by the limit is not the system's.
+    let limit = heap::stats().reserved_bytes + (1 << 20);
+    heap::set_limit(Some(limit)).unwrap();
+    let mut v: Vec<u8> = Vec::new();
+    assert!(v.try_reserve_exact(4 << 20).is_err());
+    assert_eq!(
+        HOOK_BY_SYSTEM.load(Ordering::Relaxed),
+        2,
+        "the limit refused"
+    );
+    heap::set_limit(None).unwrap();
     heap::clear_oom_hook();
+}
+
+/// `exit_on_oom` after the inner allocator refused a request the limit had room for: the
+/// line says the system refused, and does not tell the user to raise the limit.
+fn exit_on_oom_names_the_system_when_the_limit_had_room() {
+    let out = run_child(&[], "exit_on_oom_inner_refusal");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("out of memory: the system refused 1.00 MiB"),
+        "stderr: {stderr}"
+    );
+    assert!(!stderr.contains("raise"), "stderr: {stderr}");
 }
 
 static HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -779,6 +815,15 @@ fn child(case: &str) {
                 }
             });
         }
+        "exit_on_oom_inner_refusal" => {
+            let limit = heap::stats().reserved_bytes + (64 << 20);
+            heap::set_limit(Some(limit)).unwrap();
+            heap::set_oom_hook(heap::exit_on_oom);
+            REFUSED_SIZE.store(1 << 20, Ordering::Relaxed);
+            let v: Vec<u8> = Vec::with_capacity(1 << 20);
+            std::hint::black_box(&v);
+            eprintln!("the inner allocator served what it should have refused");
+        }
         "fork_beside_limit_changes" => fork_beside_limit_changes(),
         other => panic!("unknown child case {other}"),
     }
@@ -789,7 +834,11 @@ fn main() {
         child(&case);
         return;
     }
-    let tests: [(&str, fn()); 20] = [
+    let tests: [(&str, fn()); 21] = [
+        (
+            "exit_on_oom_names_the_system_when_the_limit_had_room",
+            exit_on_oom_names_the_system_when_the_limit_had_room,
+        ),
         (
             "exit_on_oom_prints_one_line_for_threads_refused_at_once",
             exit_on_oom_prints_one_line_for_threads_refused_at_once,

@@ -379,6 +379,15 @@ impl Counter {
     /// peak (the word carries the generation), so a high from before it never gets in.
     #[inline]
     pub fn publish(&self, net: isize, high: isize, resets: u64) {
+        self.publish_capped(net, high, resets, usize::MAX);
+    }
+
+    /// [`Counter::publish`], the peak raised no higher than `cap`: a bound the value can
+    /// never pass (a limit that reservations never exceed). Added to the others' figures as
+    /// published, which may still hold bytes their writers have since freed, a writer's
+    /// excursion can otherwise read above anything the value ever was.
+    #[inline]
+    pub fn publish_capped(&self, net: isize, high: isize, resets: u64, cap: usize) {
         if high <= 0 {
             // The batch never rose above the published figure: no new peak.
             if net != 0 {
@@ -391,8 +400,9 @@ impl Counter {
         } else {
             self.value.fetch_add(net, Ordering::Relaxed)
         };
-        let top = before.saturating_add(high);
-        let after = before.saturating_add(net);
+        let cap = cap.min(isize::MAX as usize) as isize;
+        let top = before.saturating_add(high).min(cap);
+        let after = before.saturating_add(net).min(cap);
         // A new peak is rare: read first, so the usual case is no second write.
         let mut word = self.peak.load(Ordering::Relaxed);
         loop {
@@ -611,6 +621,24 @@ mod tests {
             "the negative moment was kept, not clamped"
         );
         assert_eq!(counter.peak(), 180);
+    }
+
+    #[test]
+    fn a_capped_batch_raises_the_peak_no_higher_than_its_cap() {
+        // Another writer published 100 and has since freed 60 it has not published; this
+        // writer's excursion of 50 on top reads 150, above a limit of 120 that live bytes
+        // never pass: the peak stops at the cap (it read 150 unbounded).
+        let counter = Counter::new();
+        counter.publish(100, 100, 0);
+        counter.publish_capped(0, 50, 0, 120);
+        assert_eq!(counter.peak(), 120);
+        assert_eq!(counter.value(), 100, "the value is not capped");
+        // Under the cap the peak is raised as before.
+        counter.publish_capped(-60, 0, 0, 120);
+        counter.publish_capped(10, 15, 0, 120);
+        assert_eq!((counter.value(), counter.peak()), (50, 120));
+        counter.publish_capped(0, 100, 0, 200);
+        assert_eq!(counter.peak(), 150);
     }
 
     #[test]

@@ -57,6 +57,7 @@ pub fn exit_on_oom(layout: Layout, stats: &HeapStats) {
         layout,
         stats,
         crate::tracking::limit_set_in_code(),
+        crate::tracking::heap::system_refused(),
     );
     line.finish();
     // SAFETY: the bytes are a live stack buffer that write(2) only reads; _exit ends the
@@ -74,8 +75,11 @@ fn describe(
     layout: Layout,
     stats: &HeapStats,
     in_code: bool,
+    by_system: bool,
 ) -> fmt::Result {
-    match stats.limit {
+    // The system refused with the limit not reached: the limit is not the reason.
+    let limit = if by_system { None } else { stats.limit };
+    match limit {
         Some(limit) if in_code => write!(
             out,
             "ndmem: heap limit reached: a request of {} would exceed the heap limit of {} set \
@@ -181,7 +185,7 @@ mod tests {
         };
         let request = Layout::from_size_align(65536, 8).unwrap();
         let mut line = StackLine::default();
-        describe(&mut line, request, &stats, false).unwrap();
+        describe(&mut line, request, &stats, false, false).unwrap();
         let text = std::str::from_utf8(&line.bytes[..line.len]).unwrap();
         assert_eq!(
             text,
@@ -190,7 +194,7 @@ mod tests {
              NDMEM_MAX_HEAP"
         );
         let mut line = StackLine::default();
-        describe(&mut line, request, &stats, true).unwrap();
+        describe(&mut line, request, &stats, true, false).unwrap();
         let text = std::str::from_utf8(&line.bytes[..line.len]).unwrap();
         assert_eq!(
             text,
@@ -208,10 +212,20 @@ mod tests {
             Layout::from_size_align(16, 8).unwrap(),
             &unlimited,
             false,
+            false,
         )
         .unwrap();
         assert!(std::str::from_utf8(&line.bytes[..line.len])
             .unwrap()
             .contains("the system refused 16 B"));
+        // Under a limit with room, the system refused: the line says so and does not
+        // advise raising the limit.
+        for in_code in [false, true] {
+            let mut line = StackLine::default();
+            describe(&mut line, request, &stats, in_code, true).unwrap();
+            let text = std::str::from_utf8(&line.bytes[..line.len]).unwrap();
+            assert!(text.contains("the system refused 64.0 KiB"), "{text}");
+            assert!(!text.contains("limit") && !text.contains("raise"), "{text}");
+        }
     }
 }

@@ -52,6 +52,9 @@ thread_local! {
     static TALLY: Tally = const { Tally::new() };
     /// Whether this thread is inside the OOM hook.
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+    /// Whether the refusal this thread last reported came from the inner allocator
+    /// (`true`) or from the heap limit (`false`): [`heap::system_refused`].
+    static BY_SYSTEM: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Heap statistics of the process (semantics §1), as of the last flush of each thread.
@@ -167,7 +170,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
         let growth = new_size.saturating_sub(old_size);
         if growth > 0 && !TALLY.with(|t| t.try_take(growth)) && !take_slow(growth) {
             // SAFETY: the caller guarantees the new layout is valid (size fits isize).
-            return refuse(unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) });
+            let asked = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+            return refuse(asked, false);
         }
         // SAFETY: forwarded with the caller's arguments, which the caller guarantees valid.
         let new_ptr = unsafe { self.inner.realloc(ptr, layout, new_size) };
@@ -175,7 +179,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
             // The old block is untouched; give back only the growth taken for it.
             alloc_failed(growth);
             // SAFETY: as above.
-            return refuse(unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) });
+            let asked = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+            return refuse(asked, true);
         }
         if !TALLY.with(|t| t.reallocated(&LEDGER, old_size, new_size)) {
             settle();
@@ -196,7 +201,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tracking<A> {
 unsafe fn alloc_cold<A: GlobalAlloc, const ZEROED: bool>(inner: &A, layout: Layout) -> *mut u8 {
     let size = layout.size();
     if !TALLY.with(|t| t.try_take(size)) && !take_slow(size) {
-        return refuse(layout);
+        return refuse(layout, false);
     }
     // SAFETY: the caller's guarantee, passed on.
     let ptr = unsafe {
@@ -208,7 +213,7 @@ unsafe fn alloc_cold<A: GlobalAlloc, const ZEROED: bool>(inner: &A, layout: Layo
     };
     if ptr.is_null() {
         alloc_failed(size);
-        return refuse(layout);
+        return refuse(layout, true);
     }
     if !TALLY.with(|t| t.allocated(size)) {
         settle();
@@ -224,7 +229,10 @@ fn unalloc() -> *mut u8 {
     let (size, align) = TALLY.with(|t| t.unalloc());
     settle();
     // SAFETY: `size` and `align` are those of the caller's `Layout`, as `try_alloc` kept them.
-    refuse(unsafe { Layout::from_size_align_unchecked(size, align) })
+    refuse(
+        unsafe { Layout::from_size_align_unchecked(size, align) },
+        true,
+    )
 }
 
 /// The cold half of a reservation: applies `NDMEM_MAX_HEAP` the first time, registers a new
@@ -319,8 +327,9 @@ fn settle() {
 
 /// Counts a refused allocation, calls the OOM hook, and returns null.
 #[cold]
-fn refuse(layout: Layout) -> *mut u8 {
+fn refuse(layout: Layout, by_system: bool) -> *mut u8 {
     FAILED.fetch_add(1, Ordering::Relaxed);
+    BY_SYSTEM.with(|b| b.set(by_system));
     let hook = OOM_HOOK.load(Ordering::Acquire);
     if hook != 0 && !IN_HOOK.with(|h| h.replace(true)) {
         // SAFETY: OOM_HOOK only ever holds 0 or an address stored by `set_oom_hook` from a
@@ -533,7 +542,9 @@ fn warn(parts: &[&[u8]]) {
 ///   with its live bytes, so no excursion between publications is lost: the peak is the
 ///   highest live figure, each thread's own excursions added to the others' figures as
 ///   published at that moment (so it can miss by the same lag as the live figure when
-///   several threads peak together, never by a single thread's own excursion).
+///   several threads peak together, never by a single thread's own excursion; and it can
+///   read above the true peak by the bytes the others have freed and not yet published,
+///   but never above the limit, which live bytes never pass).
 ///   [`stats`](crate::heap::stats) publishes the calling thread first, so a single thread
 ///   sees exact figures, peak included.
 /// - *moving reallocations*: a `realloc` reserves only its growth. When the inner allocator
@@ -585,6 +596,15 @@ pub mod heap {
             .saturating_add(LEDGER.reserves().total())
             .saturating_add(own)
             >= bytes
+    }
+
+    /// Why the last allocation this thread saw refused was refused: `true` when the
+    /// allocator `Tracking` wraps returned null (the system is out of memory, or an
+    /// address-space or container cap was hit) with the heap limit not reached, `false`
+    /// when the heap limit refused it. For an OOM hook, which runs on the refusing thread,
+    /// to tell the two apart ([`exit_on_oom`] does); `false` before any refusal.
+    pub fn system_refused() -> bool {
+        BY_SYSTEM.try_with(Cell::get).unwrap_or(false)
     }
 
     /// Whether a [`Tracking`] allocator is installed and has counted anything.

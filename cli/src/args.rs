@@ -307,7 +307,20 @@ pub enum Stop {
 
 /// Parses the process arguments.
 pub fn parse() -> Result<Cli, Stop> {
-    match Cli::try_parse() {
+    parse_from(std::env::args_os())
+}
+
+/// Parses `args` (the program name first).
+pub fn parse_from<I, T>(args: I) -> Result<Cli, Stop>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    if let Some(message) = missing_value(&args) {
+        return Err(Stop::Usage(message));
+    }
+    match Cli::try_parse_from(args) {
         Ok(cli) => Ok(cli),
         Err(e) => match e.kind() {
             ErrorKind::DisplayHelp
@@ -319,6 +332,48 @@ pub fn parse() -> Result<Cli, Stop> {
             _ => Err(Stop::Usage(one_line(&e.render().to_string()))),
         },
     }
+}
+
+/// The error for an option that takes a value written with a long option after it
+/// instead (`--max-bytes --steps 5`): the options that accept values starting with `-`
+/// (so that `--max-bytes -1` reaches the size parser and its "cannot be negative") would
+/// otherwise take the next option as their value, and the error would be about that.
+fn missing_value(args: &[std::ffi::OsString]) -> Option<String> {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let hyphen_options: Vec<(String, String)> = std::iter::once(&command)
+        .chain(command.get_subcommands())
+        .flat_map(|c| c.get_arguments())
+        .filter(|a| a.is_allow_hyphen_values_set())
+        .filter_map(|a| {
+            let long = a.get_long()?;
+            let value = a
+                .get_value_names()
+                .and_then(|names| names.first())
+                .map_or_else(|| "VALUE".to_string(), ToString::to_string);
+            Some((format!("--{long}"), value))
+        })
+        .collect();
+    let mut words = args.iter().skip(1).map(|a| a.to_str());
+    while let Some(word) = words.next() {
+        let Some(word) = word else { continue };
+        if word == "--" {
+            return None; // positional from here on
+        }
+        let Some((option, value)) = hyphen_options.iter().find(|(o, _)| o == word) else {
+            continue;
+        };
+        match words.next() {
+            Some(Some(next)) if next.starts_with("--") => {
+                return Some(format!(
+                    "a value is required for '{option} <{value}>' but none was supplied \
+                     ('{next}' is an option, not its value)"
+                ));
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// clap's message without its usage and "for more information" lines, on one line.

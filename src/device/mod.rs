@@ -421,14 +421,7 @@ impl Device {
             Some(setting) => format!("{setting} DeviceLimit::Default"),
             None => format!("{ENV_MAX_DEVICE_BYTES} unset"),
         };
-        let host = self.inner.host.pool();
-        if host.limits().0 == Some(limit) {
-            let global = ndmem_alloc::Pool::try_global().is_ok_and(|g| std::ptr::eq(host, g));
-            let knob = host.max_bytes_knob().unwrap_or(if global {
-                ENV_MAX_BYTES
-            } else {
-                "the host pool's max_bytes"
-            });
+        if let Some(knob) = self.host_knob(limit) {
             format!(
                 "raise {knob} (now {now}): with {unset}, the device's limit is min({knob}, 90% \
                  of the device)"
@@ -442,6 +435,21 @@ impl Device {
                 setting.unwrap_or(ENV_MAX_DEVICE_BYTES)
             )
         }
+    }
+
+    /// The setting that names the host pool's limit, if that limit is `limit` (the side
+    /// of the default min(host `max_bytes`, 90% of the device) that set it).
+    fn host_knob(&self, limit: usize) -> Option<&'static str> {
+        let host = self.inner.host.pool();
+        if host.limits().0 != Some(limit) {
+            return None;
+        }
+        let global = ndmem_alloc::Pool::try_global().is_ok_and(|g| std::ptr::eq(host, g));
+        Some(host.max_bytes_knob().unwrap_or(if global {
+            ENV_MAX_BYTES
+        } else {
+            "the host pool's max_bytes"
+        }))
     }
 
     /// The host pool that its pinned buffers and host mirrors are counted in.
@@ -493,12 +501,22 @@ impl Device {
         stats
     }
 
-    /// One line: `cuda:0 NVIDIA H100 80GB HBM3, 79.1 GiB, limit 71.2 GiB (default)`.
+    /// One line: `cuda:0 NVIDIA H100 80GB HBM3, 79.1 GiB, limit 71.2 GiB (default: 90% of
+    /// the device)`; where the default's host side set the limit, the setting that named
+    /// the host pool's limit instead (`(default: --max-bytes)`).
     pub fn describe(&self) -> String {
         use ndmem_alloc::ByteSize;
-        let limit = match self.limit() {
-            Some(l) => ByteSize(l).to_string(),
-            None => "none".into(),
+        let (limit, given) = match self.limit() {
+            Some(l) => {
+                let given = match (self.limit_given(), self.host_knob(l)) {
+                    // The default's host side set it: name the knob that did.
+                    (DeviceLimit::Default, Some(knob)) => format!("default: {knob}"),
+                    (DeviceLimit::Default, None) => "default: 90% of the device".into(),
+                    (given, _) => given.to_string(),
+                };
+                (ByteSize(l).to_string(), given)
+            }
+            None => ("none".into(), self.limit_given().to_string()),
         };
         format!(
             "{}:{} {}, {}, limit {} ({})",
@@ -507,7 +525,7 @@ impl Device {
             self.name(),
             ByteSize(self.total_memory()),
             limit,
-            self.limit_given()
+            given
         )
     }
 }

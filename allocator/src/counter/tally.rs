@@ -772,7 +772,9 @@ impl Tally {
         self.epoch.set(resets);
         self.published.set(self.published.get() + net as i64);
         self.live_ops.set(self.ops());
-        ledger.live.publish(net, high, resets);
+        // Live bytes never pass the limit (they are reserved first): the peak neither.
+        let cap = ledger.budget.limit().unwrap_or(usize::MAX);
+        ledger.live.publish_capped(net, high, resets, cap);
     }
 
     /// The calling thread published (a flush) just before the peak was reset: its mark,

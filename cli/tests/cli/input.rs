@@ -510,3 +510,32 @@ fn a_heap_variable_meaning_no_limit_is_not_called_unset() {
     let out = ndmem(&dir, &["--steps", "2", "--mode", "pool"], &[]);
     assert!(text(&out.stdout).contains("no limit (NDMEM_MAX_HEAP unset)"));
 }
+
+#[test]
+fn an_option_followed_by_another_option_is_missing_its_value() {
+    // The options that take values starting with '-' (for their own "cannot be negative")
+    // used to take the next option as their value: `--max-bytes --steps 5` said "the
+    // subcommand '5' cannot be used with '--max-bytes <SIZE>'".
+    let dir = temp_dir("missing-value");
+    for (args, option) in [
+        (&["--max-bytes", "--steps", "5"][..], "'--max-bytes <SIZE>'"),
+        (&["--batch", "--help"], "'--batch <N>'"),
+        (&["--epochs", "--mode", "pool"], "'--epochs <N>'"),
+        (
+            &["train", "--max-bytes", "--out-dir", "x"],
+            "'--max-bytes <SIZE>'",
+        ),
+        (&["--device", "--graph"], "'--device <DEVICE>'"),
+    ] {
+        let out = ndmem(&dir, args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("a value is required for {option}"))
+                && stderr.contains("is an option, not its value"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert!(!dir.join("ndmem-report.json").exists(), "no work started");
+}
