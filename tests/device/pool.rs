@@ -184,3 +184,26 @@ fn a_dropped_device_gives_back_its_staging_buffer() {
     drop(gpu);
     assert_eq!(host.pool().stats().mirror_bytes, 0);
 }
+
+#[test]
+fn describe_names_the_side_of_the_default_limit_that_set_it() {
+    // The default is min(host max_bytes, 90% of the device): "(default)" alone left a
+    // user who passed --max-bytes wondering where the figure came from.
+    let pool = ndmem::alloc::Pool::new(ndmem::alloc::Limits::unlimited());
+    pool.set_max_bytes_by(Some(64 << 20), "--max-bytes")
+        .unwrap();
+    let host = ndmem::MemorySource::new(pool);
+    let gpu = device::sim(device::SimConfig::new(3).total_memory(8 << 30).host(host)).unwrap();
+    assert_eq!(
+        gpu.describe(),
+        "sim:3 simulated device, 8.00 GiB, limit 64.0 MiB (default: --max-bytes)"
+    );
+    let small = device::sim(device::SimConfig::new(4).total_memory(1 << 30).host(
+        ndmem::MemorySource::new(ndmem::alloc::Pool::new(ndmem::alloc::Limits::unlimited())),
+    ))
+    .unwrap();
+    assert_eq!(
+        small.describe(),
+        "sim:4 simulated device, 1.00 GiB, limit 921.6 MiB (default: 90% of the device)"
+    );
+}
