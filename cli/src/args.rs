@@ -22,7 +22,7 @@ use crate::train::{DeviceSpec, TrainOptions};
     name = "ndmem",
     version,
     args_conflicts_with_subcommands = true,
-    after_help = "Limits come from NDMEM_MAX_HEAP, NDMEM_MAX_BYTES, NDMEM_MAX_PHYSICAL_BYTES and NDMEM_MAX_DEVICE_BYTES (see `ndmem limits`); NDMEM_WORKSPACES=spill_everything|bypass is the workspace debug mode."
+    after_help = "Limits come from NDMEM_MAX_HEAP, NDMEM_MAX_BYTES, NDMEM_MAX_PHYSICAL_BYTES and NDMEM_MAX_DEVICE_BYTES (see `ndmem limits`); NDMEM_WORKSPACES=spill_everything|bypass is the workspace debug mode; NDMEM_TRACE=FILE records a timeline of memory events to FILE (JSON, written at exit; `ndmem report FILE` draws it)."
 )]
 pub struct Cli {
     /// What to run (default: train).

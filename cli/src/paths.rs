@@ -81,8 +81,13 @@ pub fn check_output(path: &Path, option: &str) -> Result<(), String> {
     }
     let parent = parent(path);
     if !parent.is_dir() {
+        let why = if parent.exists() {
+            "is not a directory"
+        } else {
+            "does not exist"
+        };
         return Err(format!(
-            "{option} {}: the directory {} does not exist",
+            "{option} {}: the directory {} {why}",
             path.display(),
             parent.display()
         ));
@@ -328,6 +333,9 @@ mod tests {
         assert!(check_output(&dir.join("sub"), "--svg")
             .unwrap_err()
             .contains("is a directory"));
+        // A file where the directory should be: not "does not exist".
+        let err = check_output(&a.join("r.svg"), "--svg").unwrap_err();
+        assert!(err.contains("is not a directory"), "{err}");
         let created = ensure_dir(&dir.join("new/deeper"), "--out-dir").unwrap();
         assert!(dir.join("new/deeper").is_dir());
         remove_created(&created);

@@ -86,11 +86,14 @@ impl DeviceSpec {
         match text {
             "sim" => Ok(DeviceSpec::Sim),
             "cuda" => Ok(DeviceSpec::Cuda(0)),
-            _ => text
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse::<u32>().ok())
-                .map(DeviceSpec::Cuda)
-                .ok_or_else(|| "expected cuda:N (e.g. cuda:0) or sim".to_string()),
+            _ => match text.strip_prefix("cuda:") {
+                Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                    n.parse::<u32>().map(DeviceSpec::Cuda).map_err(|_| {
+                        format!("device number {n} is out of range (at most {})", u32::MAX)
+                    })
+                }
+                _ => Err("expected cuda:N (e.g. cuda:0) or sim".to_string()),
+            },
         }
     }
 
@@ -795,6 +798,22 @@ fn run_mode(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_spec_names_what_is_wrong_with_it() {
+        assert!(matches!(
+            DeviceSpec::parse("cuda:3"),
+            Ok(DeviceSpec::Cuda(3))
+        ));
+        assert!(matches!(DeviceSpec::parse("cuda"), Ok(DeviceSpec::Cuda(0))));
+        assert!(matches!(DeviceSpec::parse("sim"), Ok(DeviceSpec::Sim)));
+        let far = DeviceSpec::parse("cuda:99999999999").unwrap_err();
+        assert!(far.contains("out of range"), "{far}");
+        for bad in ["cuda:", "cuda:x", "cuda:-1", "gpu", "cuda:+1"] {
+            let err = DeviceSpec::parse(bad).unwrap_err();
+            assert!(err.contains("expected cuda:N"), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn the_run_length_says_which_of_steps_and_epochs_ends_the_run() {
