@@ -222,6 +222,7 @@ impl Inner {
         let class = size_class(bytes).0;
         let mut rounds = 0;
         let mut progress = true;
+        let mut flushing = true;
         loop {
             match self.pool.budget.try_reserve(capacity) {
                 Ok(_) => match self.backend.malloc(self.ordinal, capacity) {
@@ -268,7 +269,11 @@ impl Inner {
                         bump(&self.counters.alloc_retries, 1);
                     }
                     rounds += 1;
-                    let freed = self.flush_deferred();
+                    // Flushed again only after a round whose flush freed something: a
+                    // flush that freed nothing may have waited its second for a pinned
+                    // thread, and the cache's churn must not make every round wait again.
+                    let freed = flushing && self.flush_deferred();
+                    flushing = freed;
                     if let Some(ptr) = self.take_cached(class, capacity) {
                         return Ok(ptr);
                     }

@@ -687,11 +687,16 @@ impl Owner {
     }
 
     /// The refusal of `op` (`what` it would do) on `owned` by this closed owner:
-    /// [`Error::ScopeClosed`] when the memory was this owner's (its tensor is what the
-    /// close made unusable), else [`Error::Scope`] saying the scope is closed (the tensor
-    /// is someone else's and still usable; only this scope can no longer act).
+    /// [`Error::ScopeClosed`] when a close freed the memory (naming the scope that owned
+    /// it: this one, or a child or other scope closed with it or before), else
+    /// [`Error::Scope`] saying this scope is closed (the tensor is someone else's and
+    /// still usable; only this scope can no longer act).
     fn closed_for(self: &Arc<Self>, op: &str, what: &str, owned: &Arc<Owned>) -> Error {
-        match owned.owner() {
+        let owner = owned.owner();
+        if owned.is_freed() {
+            return owner.as_ref().unwrap_or(self).closed(op, "X");
+        }
+        match owner {
             Some(owner) if Arc::ptr_eq(&owner, self) => self.closed(op, "X"),
             _ => Error::Scope {
                 scope: self.name.clone(),

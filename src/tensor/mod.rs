@@ -242,13 +242,11 @@ impl<T: Element> TensorView<'_, T> {
         T::sum_of(self.view.view())
     }
 
-    /// The mean of the elements ([`TensorView::sum`] over the count, as ndarray's `mean`):
-    /// `None` when there are none.
+    /// The mean of the elements, as [`Tensor::mean`] computes it (ndarray's `mean` for
+    /// floats; for integers the `f64` mean converted back like `as`, so it neither wraps
+    /// nor saturates on the way): `None` when there are none.
     pub fn mean(&self) -> Option<T> {
-        if self.is_empty() {
-            return None;
-        }
-        Some(self.sum() / T::from_f64(self.len() as f64))
+        T::mean_of(self.view.view())
     }
 
     /// The elements as a slice in row-major order, if they lie so in memory (not for a

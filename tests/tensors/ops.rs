@@ -186,6 +186,14 @@ fn a_view_reads_like_the_ndarray_view_it_wraps() {
         Some(2),
         "integer mean truncates"
     );
+    // An integer mean neither wraps in its sum nor saturates its count: as Tensor::mean.
+    let bytes = Tensor::from_slice(&[200u8, 200], &[2]).unwrap();
+    assert_eq!(bytes.view::<u8>().unwrap().mean(), Some(200));
+    let many = Tensor::from_slice(&[10u8; 300], &[300]).unwrap();
+    assert_eq!(many.view::<u8>().unwrap().mean(), Some(10));
+    let big = Tensor::from_slice(&[i32::MAX, i32::MAX], &[2]).unwrap();
+    assert_eq!(big.view::<i32>().unwrap().mean(), Some(i32::MAX));
+    assert_eq!(big.mean().unwrap().scalar().unwrap(), f64::from(i32::MAX));
 }
 
 #[test]

@@ -247,3 +247,54 @@ fn threads_that_pin_for_a_moment_do_not_make_the_limit_refuse_waiting_bytes() {
     reclaim::collect();
     assert_eq!(live(&source), 0);
 }
+
+#[test]
+fn a_request_that_cannot_fit_waits_for_a_pinned_thread_once_not_once_a_round() {
+    // Semantics §1: at a limit the reclaimers run again only after a round in which they
+    // freed something. With frees held back by a pinned thread, each run of ndmem's
+    // reclaimer waits its second; while other threads' blocks churn through the cache,
+    // every round's trim frees something, and a request that can never fit went through
+    // all 16 rounds, waiting in each: refused after 16 s (1 s before the relief went on
+    // in rounds; 1 s again now).
+    if run_alone(test_name!(
+        a_request_that_cannot_fit_waits_for_a_pinned_thread_once_not_once_a_round
+    )) {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let source = private(Some(8 << 20));
+    let scope = Scope::new_base_in("held-back", source);
+    scope.zeros(DType::F32, &[1 << 20]).unwrap(); // 4 MiB, the scope's
+    let (pinned_tx, pinned_rx) = channel();
+    let (done_tx, done_rx) = channel::<()>();
+    let pinner = std::thread::spawn(move || {
+        let _pin = reclaim::pin();
+        pinned_tx.send(()).unwrap();
+        done_rx.recv().unwrap();
+    });
+    pinned_rx.recv().unwrap();
+    scope.close().unwrap(); // its 4 MiB wait behind the pin
+    let stop = AtomicBool::new(false);
+    let (took, refused) = std::thread::scope(|s| {
+        // Threads that each take a block and give it back as they exit: the cache churns.
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::spawn(move || drop(source.pool().allocate(64 << 10, 64).unwrap()))
+                    .join()
+                    .unwrap();
+            }
+        });
+        let started = Instant::now();
+        let refused = Tensor::zeros_in(&source, DType::F32, &[4 << 20]).is_err(); // 16 MiB
+        let took = started.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        (took, refused)
+    });
+    done_tx.send(()).unwrap();
+    pinner.join().unwrap();
+    assert!(refused, "16 MiB never fit an 8 MiB limit");
+    assert!(took < Duration::from_secs(4), "refused after {took:?}");
+    reclaim::collect();
+    assert_eq!(live(&source), 0);
+}

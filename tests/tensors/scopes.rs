@@ -655,4 +655,15 @@ fn a_closed_scope_refuses_detach_and_ret_naming_itself_not_the_tensor() {
     }
     assert_eq!(other.to_vec::<f32>().unwrap(), vec![0.0; 4], "still usable");
     assert!(its.to_vec::<f32>().is_err(), "freed by the close");
+    // A tensor a grandchild owned, freed by the same close, asked of its parent: closed,
+    // naming the scope that owned it (not "not freed, stays usable").
+    let grand = Scope::new_base("closed-grand");
+    let middle = grand.child("closed-middle").unwrap();
+    let leaf = middle.child("closed-leaf").unwrap();
+    let deep = leaf.zeros(DType::F32, &[4]).unwrap();
+    grand.close().unwrap();
+    match middle.detach(&deep) {
+        Err(Error::ScopeClosed { scope, .. }) => assert_eq!(scope, "closed-leaf"),
+        other => panic!("expected ScopeClosed, got {other:?}"),
+    }
 }

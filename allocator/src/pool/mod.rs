@@ -439,9 +439,10 @@ impl Pool {
         Arc::as_ptr(&self.core) as usize
     }
 
-    /// Registers a callback run when an allocation reaches a limit, in each relief round
-    /// before the caches are released and the allocation retried. It returns the bytes it
-    /// freed: the rounds go on (at most 16) while a round freed something.
+    /// Registers a callback run when an allocation reaches a limit, before the caches are
+    /// released and the allocation retried. It returns the bytes it freed: the relief goes
+    /// on in rounds (at most 16) while a round freed something, and the reclaimers run
+    /// again in the next round only if they freed something in this one.
     ///
     /// A reclaimer may allocate from the pool; if that allocation reaches a limit too, the
     /// reclaimers are not run again for it (no recursion). A reclaimer that panics fails
@@ -791,6 +792,7 @@ impl Core {
     ) -> Result<Option<NonNull<u8>>, AllocError> {
         let mut rounds = 0;
         let mut progress = true;
+        let mut reclaiming = true;
         let mut deadline = None;
         loop {
             // The peak is raised once the bytes are held: after the OS gave them
@@ -815,21 +817,29 @@ impl Core {
                 self.books.retry();
                 crate::trace::count_retry();
             }
-            // The reclaimers every round, not the first alone: while this request relieves,
-            // other threads go on deferring frees (a scope closed is a free pending), and
-            // a request refused with them pending would be refused for bytes that are only
-            // waiting.
-            let reclaimed = match self.reclaimers.run(self as *const Core as usize) {
-                Ok(bytes) => bytes,
-                Err(message) => {
-                    self.books.failure();
-                    return Err(AllocError::ReclaimerPanicked {
-                        kind: MemoryKind::Host,
-                        requested,
-                        message,
-                    });
+            // The reclaimers again in every round after one that freed something, not in
+            // the first alone: while this request relieves, other threads go on deferring
+            // frees (a scope closed is a free pending), and a request refused with them
+            // pending would be refused for bytes that are only waiting. Not after a round
+            // whose reclaimers freed nothing: those may have waited (ndmem's waits up to a
+            // second for a pinned thread), and the caches' churn must not make every round
+            // wait again (16 rounds, 16 seconds).
+            let reclaimed = if reclaiming {
+                match self.reclaimers.run(self as *const Core as usize) {
+                    Ok(bytes) => bytes,
+                    Err(message) => {
+                        self.books.failure();
+                        return Err(AllocError::ReclaimerPanicked {
+                            kind: MemoryKind::Host,
+                            requested,
+                            message,
+                        });
+                    }
                 }
+            } else {
+                0
             };
+            reclaiming = reclaimed > 0;
             rounds += 1;
             if let Some(ptr) = class.and_then(|c| self.take_cached(c, capacity)) {
                 return Ok(Some(ptr));
