@@ -304,20 +304,15 @@ impl fmt::Display for OomReport {
                 limit,
                 holders,
                 ..
-            } => {
-                write!(f, "Can't allocate {kind} memory: {requested} bytes")?;
-                if needed > requested {
-                    write!(f, " (a block of {})", ByteSize(*needed))?;
-                }
-                write!(
-                    f,
-                    "; threadId: {thread}; {} {} of {} limit in use ({})",
-                    kind.budget(),
-                    ByteSize(*used),
-                    ByteSize(*limit),
-                    holders.of(*kind)
-                )?
-            }
+            } => write!(
+                f,
+                "Can't allocate {kind} memory: {}; threadId: {thread}; {} {} of {} limit in use ({})",
+                ndmem_alloc::RequestedBytes(*requested, *needed),
+                kind.budget(),
+                ByteSize(*used),
+                ByteSize(*limit),
+                holders.of(*kind)
+            )?,
             other => write!(f, "{other}")?,
         }
         if !self.holders.is_empty() {

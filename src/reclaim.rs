@@ -201,8 +201,9 @@ const IDLE_ROUNDS: u32 = 4;
 /// many drain millions of them).
 const MAX_ROUNDS: u32 = 1 << 20;
 
-/// How long the pools' reclaimer ([`collect_at_limit`]) keeps collecting while frees are
-/// pending, before its pool refuses a request at its limit. A pin is held for one
+/// How long the pools' reclaimer ([`collect_at_limit`]) and a device pool at its limit
+/// ([`collect_until_freed`]) keep collecting while frees are pending and none came back,
+/// before the pool refuses a request at its limit. A pin is held for one
 /// operation, but a thread descheduled while pinned holds the epoch that long: with eight
 /// threads busy on two loaded cores, 100 ms was not always enough.
 const LIMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(1000);
@@ -241,14 +242,24 @@ pub fn collect() -> usize {
 /// busy process (other threads deferring frees all the while) is not held here a second
 /// per round waiting for a queue that never empties.
 fn collect_at_limit() -> usize {
+    collect_until_freed(pending_bytes)
+}
+
+/// [`collect`], again and again until `pending()` falls below where it stood (something
+/// came back) or to 0, for at most [`LIMIT_WAIT`]; returns how far it fell. `pending` is
+/// the figure the caller waits on: every pending free ([`pending_bytes`]) for the host
+/// pools' reclaimer, a device's own deferred frees for its pool.
+pub(crate) fn collect_until_freed(pending: impl Fn() -> usize) -> usize {
+    let before = pending();
     let deadline = std::time::Instant::now() + LIMIT_WAIT;
-    let mut freed = collect();
-    while freed == 0 && PENDING.load(Ordering::Relaxed) > 0 && std::time::Instant::now() < deadline
-    {
+    loop {
+        collect();
+        let now = pending();
+        if now < before || now == 0 || std::time::Instant::now() >= deadline {
+            return before.saturating_sub(now);
+        }
         std::thread::yield_now();
-        freed += collect();
     }
-    freed
 }
 
 /// Bytes of tensor memory waiting to be freed.

@@ -251,13 +251,14 @@ impl<'a> OomMessage<'a> {
     }
 }
 
-/// The bytes of a refused request as its message opens: `1000000 bytes`, and the block
-/// that would have served it when that is larger (`1000000 bytes (a block of 1.00 MiB)`),
-/// since the block's bytes are what did not fit.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Requested(pub(crate) usize, pub(crate) usize);
+/// The bytes of a refused request as a refusal's message opens with them: `1000000 bytes`,
+/// and the block that would have served it when that is larger (`1000000 bytes (a block of
+/// 1.00 MiB)`), since the block's bytes are what did not fit. The fields are
+/// [`AllocError::OutOfMemory`]'s `requested` and `needed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestedBytes(pub usize, pub usize);
 
-impl fmt::Display for Requested {
+impl fmt::Display for RequestedBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} bytes", self.0)?;
         if self.1 > self.0 {
@@ -278,7 +279,7 @@ impl fmt::Display for OomMessage<'_> {
              raise {} or free memory (close scopes, detach fewer tensors, destroy unused \
              workspaces)",
             self.kind,
-            Requested(self.requested, self.needed),
+            RequestedBytes(self.requested, self.needed),
             self.thread,
             self.kind.budget(),
             ByteSize(self.used),

@@ -47,6 +47,7 @@ mod tracking;
 
 pub use error::{
     AllocError, AttachedReport, ByteSize, ConfigError, Holders, MemoryKind, OomDetail,
+    RequestedBytes,
 };
 pub use limits::{
     parse_size, LimitSource, LimitSources, Limits, LimitsBuilder, ENV_MAX_BYTES,
@@ -54,7 +55,7 @@ pub use limits::{
 };
 pub use physical::{page_size, physical_bytes, physical_ram};
 pub use pool::{
-    os_thread_id, Block, FreedBlock, Pool, PoolStats, Reservation, Usage, MAX_ALIGN,
+    os_thread_id, Block, FreedBlock, Pool, PoolStats, Reservation, Usage, MAX_ALIGN, RELIEF_ROUNDS,
     SLOTS_PER_CLASS,
 };
 pub use slots::Slots;

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ndmem_alloc::counter::Budget;
-use ndmem_alloc::{AllocError, MemoryKind, Usage};
+use ndmem_alloc::{AllocError, MemoryKind, Usage, RELIEF_ROUNDS};
 
 use super::stats::{bump, usage_index};
 use super::{DeviceMemory, Inner};
@@ -28,15 +28,6 @@ const MIN_CLASS: usize = 512;
 const MAX_CACHED: usize = 1 << 30;
 /// Classes: one for `<= 512`, then four per power of two up to [`MAX_CACHED`].
 const CLASSES: usize = 1 + 4 * (MAX_CACHED.trailing_zeros() as usize - 9);
-/// How long an allocation at the limit keeps flushing this device's deferred frees while
-/// none come back: a second, as the host pool's reclaimer. A thread descheduled while
-/// pinned holds them back that long on a loaded machine: 8 threads moving tensors to a
-/// device beside 8 more on two cores were refused with 11 MiB of the device's 16 MiB
-/// pending behind a pin after 100 ms.
-const DEFERRED_WAIT: std::time::Duration = std::time::Duration::from_millis(1000);
-
-/// Relief rounds a request refused at the device's limit runs at most (as the host pool).
-const RELIEF_ROUNDS: u32 = 16;
 /// Buffers kept per class.
 pub(crate) const CACHED_PER_CLASS: usize = 32;
 
@@ -284,20 +275,13 @@ impl Inner {
     }
 
     /// Flushes deferred frees until some of this device's come back, or none are
-    /// pending, for at most [`DEFERRED_WAIT`]: a thread pinned elsewhere holds them back
-    /// only for the length of one operation. Whether any of this device's came back.
+    /// pending, for at most a second, as the host pool's reclaimer
+    /// ([`crate::reclaim::collect_until_freed`]): a thread descheduled while pinned holds
+    /// them back that long on a loaded machine (8 threads moving tensors to a device
+    /// beside 8 more on two cores were refused with 11 MiB of the device's 16 MiB pending
+    /// behind a pin after 100 ms). Whether any of this device's came back.
     fn flush_deferred(&self) -> bool {
-        let deferred = &self.counters.deferred;
-        let before = deferred.load(Ordering::Relaxed);
-        let deadline = std::time::Instant::now() + DEFERRED_WAIT;
-        loop {
-            crate::reclaim::collect();
-            let now = deferred.load(Ordering::Relaxed);
-            if now < before || now == 0 || std::time::Instant::now() >= deadline {
-                return now < before;
-            }
-            std::thread::yield_now();
-        }
+        crate::reclaim::collect_until_freed(|| self.counters.deferred.load(Ordering::Relaxed)) > 0
     }
 
     /// Takes a buffer back (from a deferred free, its fence passed or not).

@@ -125,8 +125,9 @@ struct Core {
 
 /// Relief rounds (collect, recall, trim, retry) a request refused at the limit runs at
 /// most, going on only while a round freed something or waited for another thread's
-/// trim: other threads keep caching what they free while it relieves.
-const RELIEF_ROUNDS: u32 = 16;
+/// trim: other threads keep caching what they free while it relieves. (`ndmem`'s device
+/// pools relieve in as many.)
+pub const RELIEF_ROUNDS: u32 = 16;
 
 /// The longest a request refused at the limit waits for other threads' trims, over all its
 /// rounds.
