@@ -2,7 +2,8 @@
 //! tallies the pool's statistics are summed from.
 //!
 //! A thread keeps, for each pool it allocates from, a [`Slot`]: one free list per size class
-//! (the blocks are linked through their first word), each with its length and its cap, and
+//! (the blocks are linked through a word of their own: see [`link`]), each with its length
+//! and its cap, and
 //! the thread's tally of allocations and frees. A block freed by that thread goes onto its
 //! list while the list is shorter than its cap, and the thread's next request of that class
 //! takes it back: neither touches a lock or a cache line another thread writes.
@@ -84,7 +85,7 @@ use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(ndmem_loom))]
 use std::sync::{Mutex, MutexGuard};
 
-use super::class::{class_size, NUM_CLASSES};
+use super::class::{class_of, class_size, NUM_CLASSES};
 use super::os::{heavy_barrier, light_barrier};
 use super::stats::{Books, Figures};
 use super::{Core, Usage};
@@ -343,9 +344,9 @@ impl Slot {
         // SAFETY: the owner is inside (the caller's contract): nobody else touches the lists.
         let lists = unsafe { &mut *self.lists.get() };
         let block = NonNull::new(lists.heads[class])?;
-        // SAFETY: a listed block is a live allocation of at least 64 bytes, aligned to 16,
-        // owned by this slot, whose first word holds the next block of the list.
-        lists.heads[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+        // SAFETY: a listed block is a live allocation of its class, owned by this slot,
+        // whose link word holds the next block of the list.
+        lists.heads[class] = unsafe { link(block.as_ptr(), class).read() };
         let len = &self.lens[class];
         len.store(len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
         Some(block)
@@ -368,9 +369,9 @@ impl Slot {
             self.leave();
             return false;
         }
-        // SAFETY: the caller owns `block`, a pool block of at least 64 bytes aligned to 16:
-        // its first word is ours to overwrite with the link.
-        unsafe { block.as_ptr().cast::<*mut u8>().write(lists.heads[class]) };
+        // SAFETY: the caller owns `block`, a pool block of `class`: its link word is ours to
+        // overwrite.
+        unsafe { link(block.as_ptr(), class).write(lists.heads[class]) };
         lists.heads[class] = block.as_ptr();
         len.store(n + 1, Ordering::Relaxed);
         self.leave();
@@ -448,10 +449,10 @@ impl Slot {
         lists.caps = [0; LISTS];
         lists.capped = 0;
         for (class, head) in lists.heads.iter_mut().enumerate() {
-            // SAFETY: a listed block holds the next block of its list in its first word, and
-            // the recaller owns the list (the handshake).
+            // SAFETY: a listed block of `class` holds the next block of its list in its link
+            // word, and the recaller owns the list (the handshake).
             unsafe {
-                walk(std::mem::replace(head, ptr::null_mut()), |block| {
+                walk(std::mem::replace(head, ptr::null_mut()), class, |block| {
                     each(block, class)
                 })
             };
@@ -887,24 +888,52 @@ impl Registry {
     }
 }
 
-/// Hands every block of the list linked from `head` through the blocks' first words to
-/// `each`, reading each link before the block is handed on.
+/// The word of `block`, a pool block of `class` on a list, that links the next block.
+///
+/// A block below a page links through its first word. A block of a page or more links
+/// through the first word of one of the 64 cache lines of its first page, picked by its
+/// address: such blocks start a page (or more) apart, so their first lines all fall in the
+/// few cache sets of one page offset, and a list walked block by block (a cycle of a
+/// thousand 4 KiB blocks, taken back one after another) would find each link evicted by
+/// the others and wait on memory for every block, while the links of 64 colours share a
+/// page's worth of sets and stay cached. The picked word is at most 4,032 bytes in, within
+/// the block.
+#[inline(always)]
+fn link(block: *mut u8, class: usize) -> *mut *mut u8 {
+    let colour = if class >= PAGE_CLASS {
+        // The top 6 bits of the page number's Fibonacci hash: pages in any arithmetic
+        // progression (blocks of one size, side by side) spread over all 64.
+        ((block as usize as u64 >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
+    } else {
+        0
+    };
+    block.wrapping_add(colour * 64).cast()
+}
+
+/// The first class of a page or more (see [`link`]).
+const PAGE_CLASS: usize = match class_of(4096) {
+    Some(class) => class,
+    None => panic!("4 KiB has a class"),
+};
+
+/// Hands every block of the list of `class` linked from `head` through the blocks' link
+/// words to `each`, reading each link before the block is handed on.
 ///
 /// # Safety
 ///
-/// Every block of the list is a pool block of a class, owned by the caller, whose first
-/// word links the next (null at the end).
-unsafe fn walk(head: *mut u8, mut each: impl FnMut(NonNull<u8>)) {
+/// Every block of the list is a pool block of `class`, owned by the caller, whose link
+/// word ([`link`]) links the next (null at the end).
+unsafe fn walk(head: *mut u8, class: usize, mut each: impl FnMut(NonNull<u8>)) {
     let mut next = head;
     while let Some(block) = NonNull::new(next) {
-        // SAFETY: the caller's guarantee: the block's first word links the next.
-        next = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+        // SAFETY: the caller's guarantee: the block's link word links the next.
+        next = unsafe { link(block.as_ptr(), class).read() };
         each(block);
     }
 }
 
-/// A list of blocks of one class, linked through their first words: its first block and
-/// its length.
+/// A list of blocks of one class, linked through their link words ([`link`]): its first
+/// block and its length.
 #[derive(Clone, Copy)]
 struct Chain {
     head: *mut u8,
@@ -918,20 +947,21 @@ impl Chain {
         len: 0,
     };
 
-    /// Links `block` (owned by the chain from now on) in front.
+    /// Links `block`, of the chain's `class` (owned by the chain from now on), in front.
     #[cfg_attr(ndmem_loom, allow(dead_code))]
-    fn push(&mut self, block: NonNull<u8>) {
-        // SAFETY: a pool block of a class is at least 64 bytes, aligned to 16, and owned by
-        // the caller: its first word is ours to overwrite with the link.
-        unsafe { block.as_ptr().cast::<*mut u8>().write(self.head) };
+    fn push(&mut self, class: usize, block: NonNull<u8>) {
+        // SAFETY: a pool block of `class`, owned by the caller: its link word is ours to
+        // overwrite.
+        unsafe { link(block.as_ptr(), class).write(self.head) };
         self.head = block.as_ptr();
         self.len += 1;
     }
 
-    /// Hands every block to `each`, in order.
-    fn for_each(self, each: impl FnMut(NonNull<u8>)) {
-        // SAFETY: a chain owns its blocks, each linking the next through its first word.
-        unsafe { walk(self.head, each) };
+    /// Hands every block to `each`, in order (`class`: the chain's).
+    fn for_each(self, class: usize, each: impl FnMut(NonNull<u8>)) {
+        // SAFETY: a chain owns its blocks of `class`, each linking the next through its
+        // link word.
+        unsafe { walk(self.head, class, each) };
     }
 }
 
@@ -963,7 +993,7 @@ struct DepotChains {
 unsafe impl Send for DepotChains {}
 
 /// Word offsets, in the first block of a list waiting in the depot, of what the depot
-/// keeps there (word 0 links the list's next block).
+/// keeps there (the list's own link is word 0, or a word at least 64 bytes in: [`link`]).
 const BELOW: usize = 1;
 const LEN: usize = 2;
 
@@ -996,7 +1026,7 @@ impl Depot {
         let words = chain.head.cast::<*mut u8>();
         // SAFETY: `head` is the first block of the offered list, which the depot owns now:
         // a block of a class (at least 64 bytes, aligned to 16), whose words 1 and 2 are
-        // free (word 0 links the list). The link is stored as a pointer (provenance kept).
+        // free (its link is word 0 or a word at least 64 bytes in: `link`). The link is stored as a pointer (provenance kept).
         unsafe {
             words.add(BELOW).write(chains.tops[class]);
             words.add(LEN).cast::<usize>().write(chain.len as usize);
@@ -1044,7 +1074,7 @@ impl Depot {
         for (class, top) in tops.iter_mut().enumerate() {
             while let Some(chain) = Self::pop(top) {
                 bytes += chain.len as usize * class_size(class);
-                chain.for_each(|block| each(block, class));
+                chain.for_each(class, |block| each(block, class));
             }
         }
         bytes
@@ -1249,7 +1279,7 @@ impl Core {
                 if closed {
                     self.os_free(block, class_size(class));
                 } else {
-                    chains.borrow_mut()[class].push(block);
+                    chains.borrow_mut()[class].push(class, block);
                 }
             },
             || {
@@ -1278,8 +1308,9 @@ impl Core {
     pub(super) fn take_depot(&self, class: usize, capacity: usize) -> Option<NonNull<u8>> {
         let chain = self.depot.take(class)?;
         let head = NonNull::new(chain.head)?;
-        // SAFETY: the chain's blocks are ours now; the first word of each links the next.
-        let next = unsafe { head.as_ptr().cast::<*mut u8>().read() };
+        // SAFETY: the chain's blocks of `class` are ours now; the link word of each links
+        // the next.
+        let next = unsafe { link(head.as_ptr(), class).read() };
         let rest = Chain {
             head: next,
             len: chain.len - 1,
@@ -1307,7 +1338,7 @@ impl Core {
         if let Err(chain) = self.depot.offer(class, chain, self.local.bound()) {
             let capacity = class_size(class);
             self.books.uncached(chain.len as usize * capacity);
-            chain.for_each(|block| self.release_shared(block, capacity));
+            chain.for_each(class, |block| self.release_shared(block, capacity));
         }
     }
 
@@ -1319,5 +1350,59 @@ impl Core {
             self.books.uncached(capacity);
             to(block, capacity);
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte offset of `class`'s link word in a block at address `at`.
+    fn offset(at: usize, class: usize) -> usize {
+        link(at as *mut u8, class) as usize - at
+    }
+
+    #[test]
+    fn a_block_below_a_page_links_through_its_first_word() {
+        assert_eq!(class_size(PAGE_CLASS), 4096);
+        for class in 0..PAGE_CLASS {
+            for at in (0x7f00_0000_0000usize..)
+                .step_by(class_size(class))
+                .take(300)
+            {
+                assert_eq!(offset(at, class), 0, "class {class} at {at:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_of_a_page_or_more_links_within_its_first_page_at_a_word() {
+        for class in PAGE_CLASS..NUM_CLASSES {
+            let size = class_size(class);
+            for at in (0x7f00_0000_0000usize..).step_by(size).take(200) {
+                let off = offset(at, class);
+                assert!(
+                    off % 64 == 0 && off + 8 <= 4096.min(size),
+                    "class {class}: {off}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn consecutive_blocks_of_a_page_or_more_spread_their_links_over_64_lines() {
+        for size in [4096usize, 5120, 8192, 65536, 1 << 20, 1 << 24] {
+            let class = class_of(size).expect("a class");
+            assert_eq!(class_size(class), size);
+            let mut seen = [false; 64];
+            for at in (0x7f00_0000_0000usize..).step_by(size).take(1000) {
+                seen[offset(at, class) / 64] = true;
+            }
+            let colours = seen.iter().filter(|&&s| s).count();
+            assert!(
+                colours >= 48,
+                "{size}-byte blocks use {colours} of 64 link lines"
+            );
+        }
     }
 }
