@@ -71,6 +71,10 @@ struct Cycles {
     /// A cycle that spilled ended while a view held its memory, so its end's work waits:
     /// the next cycle end reallocates (`Reallocate`) as if it had spilled too.
     spill_deferred: Cell<bool>,
+    /// The workspace freed its buffer to make room for a larger one, and the pool then
+    /// refused both the larger one and one of the old size: it gets a buffer again at a
+    /// later cycle end, whatever its learning policy.
+    lost_buffer: Cell<bool>,
     destroyed: Cell<bool>,
 }
 
@@ -173,6 +177,7 @@ impl Arena {
                 parent: RefCell::new(Weak::new()),
                 parent_generation: Cell::new(0),
                 spill_deferred: Cell::new(false),
+                lost_buffer: Cell::new(false),
                 destroyed: Cell::new(false),
             },
             spills: Spills::default(),
@@ -256,6 +261,14 @@ impl Arena {
     fn install(&self, buffer: Arc<Buffer>) {
         self.region.set_base(buffer.base().as_ptr());
         *self.buffer.borrow_mut() = Some(buffer);
+        self.cycles.lost_buffer.set(false);
+    }
+
+    /// Drops the workspace's reference to its buffer (freeing it if nothing else refers to
+    /// it); the workspace has no buffer until the next [`Arena::install`].
+    fn drop_buffer(&self) {
+        self.region.set_base(std::ptr::null_mut());
+        *self.buffer.borrow_mut() = None;
     }
 
     /// Bytes of the buffer (0: none).
@@ -265,9 +278,40 @@ impl Arena {
 
     /// Allocates a ring of `shape` and starts at its slot 0. Stamps of earlier cycles keep
     /// an old ring alive while they need it.
+    ///
+    /// If the pool refuses the new ring beside the old one while nothing but the ring
+    /// refers to the old one, the old ring is freed and the new one asked for again, as
+    /// ND4J frees a workspace's buffer before it allocates the larger one: a pool with room
+    /// for the new ring alone must not keep the workspace spilling forever. If the pool
+    /// refuses that too, a ring of the old shape is built again (the workspace spills
+    /// until one is, see [`Cycles::lost_buffer`]) and the error is returned.
     fn build_ring(&self, shape: RingShape) -> Result<(), Error> {
-        let fresh = Arc::new(self.allocate_buffer(shape.buffer)?);
-        self.ring.reset(shape, &fresh)?;
+        let fresh = match self.allocate_buffer(shape.buffer) {
+            Ok(fresh) => fresh,
+            Err(error)
+                if error.is_out_of_memory()
+                    && self.region.has_buffer()
+                    && self.ring.unreferenced() =>
+            {
+                let old = self.ring.shape();
+                self.ring.clear();
+                self.drop_buffer();
+                match self.allocate_buffer(shape.buffer) {
+                    Ok(fresh) => fresh,
+                    Err(error) => {
+                        let rebuilt = old.is_some_and(|old| self.build_ring(old).is_ok());
+                        self.cycles.lost_buffer.set(!rebuilt);
+                        return Err(error);
+                    }
+                }
+            }
+            Err(error) => return Err(error),
+        };
+        let fresh = Arc::new(fresh);
+        if let Err(error) = self.ring.reset(shape, &fresh) {
+            self.cycles.lost_buffer.set(!self.region.has_buffer());
+            return Err(error);
+        }
         self.install(fresh);
         self.cycles.start.set(0);
         Ok(())
@@ -276,13 +320,38 @@ impl Arena {
     /// Replaces a BlockLeft buffer by one of `bytes` if that is larger (learning never
     /// shrinks). If the pool refuses, the workspace keeps its buffer (or keeps spilling) and
     /// tries again at a later cycle end.
+    ///
+    /// Between cycles nothing but the workspace refers to a BlockLeft buffer (a cycle end
+    /// that a view outlives does not come here), so when the pool refuses the new buffer
+    /// beside the old one, the old one is freed and the new one asked for again, as ND4J
+    /// frees a workspace's buffer before it allocates the larger one. If the pool refuses
+    /// that too, the workspace asks for a buffer of the old size again (and, refused once
+    /// more, spills until a later cycle end gets it one: [`Cycles::lost_buffer`]).
     fn replace_buffer(&self, bytes: usize) {
-        if bytes == 0 || bytes <= self.size() {
+        let old = self.size();
+        if bytes == 0 || bytes <= old {
             return;
         }
-        if let Ok(fresh) = self.allocate_buffer(bytes) {
-            self.install(Arc::new(fresh));
+        let fresh = match self.allocate_buffer(bytes) {
+            Err(error) if error.is_out_of_memory() && old > 0 && self.buffer_unreferenced() => {
+                self.drop_buffer();
+                self.allocate_buffer(bytes)
+                    .or_else(|_| self.allocate_buffer(old))
+            }
+            result => result,
+        };
+        match fresh {
+            Ok(fresh) => self.install(Arc::new(fresh)),
+            Err(_) => self.cycles.lost_buffer.set(!self.region.has_buffer()),
         }
+    }
+
+    /// Whether the workspace's reference is the only one to its buffer.
+    fn buffer_unreferenced(&self) -> bool {
+        self.buffer
+            .borrow_mut()
+            .as_mut()
+            .is_some_and(|buffer| Arc::get_mut(buffer).is_some())
     }
 
     // ---- the cycle --------------------------------------------------------------------
@@ -391,7 +460,9 @@ impl Arena {
         let (sizing, max_bytes) = (&self.settings.sizing, self.cycles.max_bytes.get());
         if !self.region.has_buffer() {
             // A cycle that asked for nothing learns nothing (not even `min_size`).
-            if max_bytes > 0 && self.should_learn() {
+            if max_bytes > 0 && self.cycles.lost_buffer.get() {
+                self.replace_buffer(sizing.reallocated(max_bytes));
+            } else if max_bytes > 0 && self.should_learn() {
                 self.replace_buffer(sizing.learned(max_bytes));
             }
         } else if spilled && self.settings.config.policy_spill() == SpillPolicy::Reallocate {
@@ -411,7 +482,7 @@ impl Arena {
         let current = match self.ring.shape() {
             Some(shape) if self.region.has_buffer() => shape,
             _ => {
-                if self.should_learn() {
+                if self.should_learn() || self.cycles.lost_buffer.get() {
                     if let Some(shape) = sizing.learned_ring(max_bytes) {
                         let _ = self.build_ring(shape);
                     }

@@ -93,6 +93,19 @@ impl Ring {
         Ok(())
     }
 
+    /// Whether nothing outside the ring refers to it: no stamp holds a slot and no cycle
+    /// runs, so dropping the ring's references (and the workspace's buffer) frees it.
+    pub(crate) fn unreferenced(&self) -> bool {
+        self.slot_ref.borrow().is_none() && self.refs.borrow_mut().all_free()
+    }
+
+    /// No ring any more: drops the ring's references to its slots.
+    pub(crate) fn clear(&self) {
+        *self.refs.borrow_mut() = SlotRefs::empty();
+        self.shape.set(None);
+        self.slot.set(0);
+    }
+
     /// Starts a cycle in the ring: the `[start, end)` offsets of the first slot, from the
     /// current one, that nothing but the ring refers to, or `None` if every slot is
     /// referenced.

@@ -54,6 +54,11 @@ impl<T> SlotRefs<T> {
         Arc::get_mut(&mut self.refs[slot]).is_some()
     }
 
+    /// Whether nothing but the ring refers to any slot (see [`SlotRefs::is_free`]).
+    pub fn all_free(&mut self) -> bool {
+        (0..self.refs.len()).all(|slot| self.is_free(slot))
+    }
+
     /// The first free slot in ring order starting at `from` (`from`, `from + 1`, ...,
     /// wrapping), if any.
     pub fn first_free(&mut self, from: usize) -> Option<usize> {

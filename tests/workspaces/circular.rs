@@ -1,8 +1,9 @@
 //! Circular workspaces (semantics §2.4): the ring's slots, memory intact until the ring
 //! wraps, slots in use skipped, spills instead of loops, and the ring rebuilt larger.
 
+use ndmem::alloc::{Limits, Pool};
 use ndmem::workspace::WorkspaceMemory;
-use ndmem::{workspaces, Error, ResetPolicy, SpillPolicy, WorkspaceConfig};
+use ndmem::{workspaces, Error, MemorySource, ResetPolicy, SpillPolicy, WorkspaceConfig};
 
 use crate::{capacity, fill, layout, read, strict, write};
 
@@ -406,4 +407,75 @@ fn a_circular_cycle_bumps_no_further_than_max_size_off_the_alignment() {
     for id in ["CIRC_MAX", "CIRC_MAX_LEARNED"] {
         ws.destroy(id).unwrap();
     }
+}
+
+#[test]
+fn a_ring_rebuilt_in_a_pool_with_room_for_the_new_ring_alone_frees_the_old_one_first() {
+    // Semantics §2.4: a ring that spilled is rebuilt two cycles later if the new ring is
+    // larger. The pool (1 MiB) holds the old ring (448 KiB) and the cycle's spill, and
+    // the new ring alone (768 KiB), not both: nothing refers to the old ring any more, so
+    // it goes first.
+    let ws = workspaces();
+    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    let cfg = strict()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .initial_size(400 << 10)
+        .policy_spill(SpillPolicy::Reallocate)
+        .source(source)
+        .build()
+        .unwrap();
+    let before = {
+        let g = ws.get_and_activate(&cfg, "TIGHT_RING").unwrap();
+        fill(&g, 1, 300 << 10);
+        fill(&g, 1, 400 << 10);
+        assert!(g.stats().spilled_bytes > 0);
+        g.stats().size
+    };
+    for _ in 0..2 {
+        fill(&ws.get_and_activate(&cfg, "TIGHT_RING").unwrap(), 1, 100);
+    }
+    let s = ws.workspace("TIGHT_RING").unwrap();
+    assert!(s.size >= 700 << 10 && s.size > before, "rebuilt: {s:?}");
+    let g = ws.get_and_activate(&cfg, "TIGHT_RING").unwrap();
+    fill(&g, 1, 300 << 10);
+    fill(&g, 1, 400 << 10);
+    assert_eq!(
+        g.stats().spilled_bytes,
+        0,
+        "the rebuilt ring holds the cycle"
+    );
+}
+
+#[test]
+fn a_ring_whose_old_slots_are_held_is_not_freed_for_a_rebuild() {
+    // Semantics §2.4: memory of a ring stays intact while a stamp holds its slot; a
+    // rebuild the pool cannot fit beside the old ring waits, and the held memory keeps
+    // its bytes.
+    let ws = workspaces();
+    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    let cfg = strict()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .initial_size(400 << 10)
+        .policy_spill(SpillPolicy::Reallocate)
+        .source(source)
+        .build()
+        .unwrap();
+    let held = {
+        let g = ws.get_and_activate(&cfg, "HELD_RING").unwrap();
+        let memory = g.alloc_memory(layout(300 << 10)).unwrap();
+        write(&memory, 7);
+        fill(&g, 1, 400 << 10);
+        memory
+    };
+    for _ in 0..2 {
+        fill(&ws.get_and_activate(&cfg, "HELD_RING").unwrap(), 1, 100);
+    }
+    assert!(
+        ws.workspace("HELD_RING").unwrap().size < 700 << 10,
+        "not rebuilt"
+    );
+    assert!(
+        read(&held).iter().all(|&b| b == 7),
+        "the held slot kept its bytes"
+    );
 }

@@ -1,7 +1,8 @@
 //! Learning (semantics §2.3): FirstLoop, Strict, clamping, OverTime, None, a fixed initial
 //! size, and Reallocate.
 
-use ndmem::{workspaces, LearningPolicy, SpillPolicy, WorkspaceConfig};
+use ndmem::alloc::{Limits, Pool};
+use ndmem::{workspaces, LearningPolicy, MemorySource, SpillPolicy, WorkspaceConfig};
 
 use crate::{capacity, fill, strict};
 
@@ -242,4 +243,74 @@ fn reallocate_before_the_first_learning_only_frees_spills() {
         1000,
     );
     assert_eq!(ws.workspace("REALLOC_EARLY").unwrap().size, capacity(2016));
+}
+
+/// A memory source whose pool holds at most `limit` bytes.
+fn tight(limit: usize) -> MemorySource {
+    MemorySource::new(Pool::new(Limits::builder().max_bytes(limit).build()))
+}
+
+#[test]
+fn reallocate_in_a_pool_with_room_for_the_new_buffer_alone_frees_the_old_one_first() {
+    // Semantics §2.3: a cycle that spilled with Reallocate ends by replacing the buffer,
+    // so the next cycle fits. The pool (1 MiB) holds the old buffer and the cycle's spill
+    // (512 + 320 KiB), and the new buffer alone (768 KiB), but not old and new together:
+    // the old one goes first, as ND4J frees a workspace's buffer before the larger one.
+    let ws = workspaces();
+    let source = tight(1 << 20);
+    let cfg = strict()
+        .initial_size(512 << 10)
+        .policy_spill(SpillPolicy::Reallocate)
+        .source(source)
+        .build()
+        .unwrap();
+    {
+        let g = ws.get_and_activate(&cfg, "TIGHT_REALLOC").unwrap();
+        fill(&g, 1, 400 << 10);
+        fill(&g, 1, 300 << 10);
+        assert_eq!(g.stats().spilled_bytes, 300 << 10);
+    }
+    let s = ws.workspace("TIGHT_REALLOC").unwrap();
+    assert_eq!(s.size, capacity(700 << 10), "reallocated: {s:?}");
+    let g = ws.get_and_activate(&cfg, "TIGHT_REALLOC").unwrap();
+    fill(&g, 1, 400 << 10);
+    fill(&g, 1, 300 << 10);
+    assert_eq!(g.stats().spilled_bytes, 0, "the next cycle fits");
+    assert_eq!(source.pool().stats().live_bytes, capacity(700 << 10));
+}
+
+#[test]
+fn reallocate_refused_even_alone_keeps_a_buffer_of_the_old_size() {
+    // Semantics §2.3: if the pool refuses a reallocated buffer, nothing fails and the
+    // workspace keeps its buffer. A 1 MiB pool holds the 512 KiB buffer, a 64 KiB spill
+    // and 448 KiB held outside the workspace; the new buffer (576 KiB, a 640 KiB block)
+    // does not fit even with the old one freed: the workspace gets one of the old size.
+    let ws = workspaces();
+    let source = tight(1 << 20);
+    let cfg = strict()
+        .initial_size(512 << 10)
+        .policy_spill(SpillPolicy::Reallocate)
+        .source(source)
+        .build()
+        .unwrap();
+    let _outside = source.pool().allocate(448 << 10, 16).unwrap();
+    {
+        let g = ws.get_and_activate(&cfg, "TIGHT_KEEP").unwrap();
+        fill(&g, 1, 512 << 10);
+        fill(&g, 1, 64 << 10);
+        assert_eq!(g.stats().spilled_bytes, 64 << 10);
+    }
+    let s = ws.workspace("TIGHT_KEEP").unwrap();
+    assert_eq!(
+        (s.max_cycle, s.size),
+        (576 << 10, 512 << 10),
+        "the old size: {s:?}"
+    );
+    let g = ws.get_and_activate(&cfg, "TIGHT_KEEP").unwrap();
+    fill(&g, 1, 512 << 10);
+    assert_eq!(
+        g.stats().spilled_bytes,
+        0,
+        "the buffer still serves a cycle"
+    );
 }
