@@ -95,12 +95,14 @@ pub enum Error {
         /// The thread that tried to use it.
         current: std::thread::ThreadId,
     },
-    /// A tensor of a closed scope was used (semantics §4).
-    #[error("Op [{op}] {arg} argument belongs to scope [{scope}], which is closed")]
+    /// A tensor of a closed scope was used, or a closed scope asked to take, create or
+    /// open something (semantics §4).
+    #[error("{}", scope_closed(op, arg, scope))]
     ScopeClosed {
-        /// The operation that refused the tensor.
+        /// The operation that refused the tensor (or the scope).
         op: String,
-        /// Which argument.
+        /// Which argument; empty when the closed scope itself refused (`attach`, a
+        /// constructor, `child`).
         arg: String,
         /// The closed scope.
         scope: String,
@@ -205,6 +207,16 @@ pub enum Error {
         /// Why the window ended.
         reason: String,
     },
+}
+
+/// [`Error::ScopeClosed`]'s message: the argument that belongs to the closed scope, or,
+/// with no argument, the scope that refused.
+fn scope_closed(op: &str, arg: &str, scope: &str) -> String {
+    if arg.is_empty() {
+        format!("Op [{op}]: scope [{scope}] is closed")
+    } else {
+        format!("Op [{op}] {arg} argument belongs to scope [{scope}], which is closed")
+    }
 }
 
 impl Error {

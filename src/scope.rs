@@ -39,7 +39,11 @@ pub struct Scope {
 
 impl Scope {
     /// The process-wide root scope (global pool). It cannot be closed; dropping this
-    /// handle does nothing.
+    /// handle does nothing. It records nothing it is given, as DJL's system manager: a
+    /// tensor it creates, or that is attached or returned to it, is owned by its handles
+    /// and freed when the last one drops (so are the outputs of ops on it), since a
+    /// scope that never closes would keep it for the life of the process; its
+    /// `tensor_count()` and `bytes()` stay 0.
     pub fn root() -> Scope {
         Scope {
             owner: Owner::root().clone(),
@@ -160,8 +164,10 @@ impl Scope {
     }
 
     /// Hands `tensor` to the parent scope (DJL's `ret`), returning it for chaining; a tensor
-    /// this scope borrowed goes to the parent for good too. If the parent cannot take it
-    /// (capped or closed), the tensor stays with this scope, as before the call.
+    /// this scope borrowed goes to the parent for good too, and one it does not own goes
+    /// there all the same (from its handles or another scope), as DJL's `ret` attaches
+    /// whatever it is given. If the parent cannot take it (capped or closed), the tensor
+    /// stays where it was, as before the call.
     pub fn ret(&self, tensor: &Tensor) -> Result<Tensor> {
         self.owner.ret(tensor.storage())?;
         Ok(tensor.clone())

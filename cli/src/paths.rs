@@ -17,6 +17,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use ndmem::trace::ENV_TRACE;
+
 /// Directories [`ensure_dir`] created, outermost first, to remove with [`remove_created`]
 /// when the run stops before it starts.
 #[derive(Debug, Default)]
@@ -269,7 +271,8 @@ fn parent(path: &Path) -> &Path {
 }
 
 /// The checks of `ndmem train`: `--out-dir` exists or is created, the reports are two
-/// different files and both can be written. `json_option` and `svg_option` name the flag
+/// different files, the trace `NDMEM_TRACE` names (`trace`) is neither, and both can be
+/// written. `json_option` and `svg_option` name the flag
 /// each path came from (`--json`, or `--out-dir` for the default). Returns the directories
 /// it created, for [`remove_created`] if the run stops before it starts; on a refusal it
 /// removes them itself.
@@ -277,12 +280,23 @@ pub fn check_train_paths(
     out_dir: &Path,
     (json, json_option): (&Path, &str),
     (svg, svg_option): (&Path, &str),
+    trace: Option<&Path>,
 ) -> Result<Created, String> {
     let created = ensure_dir(out_dir, "--out-dir")?;
+    let overwritten = trace.and_then(|trace| {
+        [(json, "JSON report", json_option), (svg, "SVG", svg_option)]
+            .into_iter()
+            .find(|(report, ..)| same_file(trace, report))
+    });
     let checked = if same_file(json, svg) {
         Err(format!(
             "--json and --svg both name {}: the SVG would overwrite the JSON report",
             json.display()
+        ))
+    } else if let Some((report, what, option)) = overwritten {
+        Err(format!(
+            "{ENV_TRACE} names {}, the {what} ({option}): the trace, written at exit, would overwrite it",
+            report.display()
         ))
     } else {
         check_output(json, json_option).and_then(|()| check_output(svg, svg_option))

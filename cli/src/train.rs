@@ -158,6 +158,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
             &options.out_dir,
             (&options.json, options.json_option),
             (&options.svg, options.svg_option),
+            environment.trace.as_ref().map(|(path, _)| path.as_path()),
         )
         .map_err(Failure::config)?,
     ));

@@ -653,7 +653,7 @@ impl Owner {
         let _transfer = ownership_lock();
         // A child is attached to its parent, as DJL's `newSubManager` attaches the new
         // manager: a capped parent refuses it too.
-        self.check_attachable("child", "X")?;
+        self.check_attachable("child")?;
         Ok(Owner::new(name, Some(self.clone()), self.source))
     }
 
@@ -716,11 +716,12 @@ impl Owner {
     }
 
     /// Errors if nothing may be attached: the owner is closed ([`Error::ScopeClosed`] for
-    /// `op`'s `arg`) or capped ([`Error::ScopeCapped`]).
-    pub(crate) fn check_attachable(&self, op: &str, arg: &str) -> Result<()> {
+    /// `op`, naming no argument: the scope itself refuses) or capped
+    /// ([`Error::ScopeCapped`]).
+    pub(crate) fn check_attachable(&self, op: &str) -> Result<()> {
         let flags = self.flags.load(Ordering::Acquire);
         if flags & CLOSED != 0 {
-            return Err(self.closed(op, arg));
+            return Err(self.closed(op, ""));
         }
         if flags & CAPPED != 0 {
             return Err(Error::ScopeCapped {
@@ -733,12 +734,24 @@ impl Owner {
     /// Takes ownership of new memory (an op's output, `op`'s `Z`).
     pub(crate) fn adopt(self: &Arc<Self>, op: &str, owned: &Arc<Owned>) -> Result<()> {
         let _transfer = ownership_lock();
-        self.take(op, "Z", owned)
+        self.take(op, owned)
     }
 
     /// Records `owned` as owned (ownership lock held): checks, then both sides.
-    fn take(self: &Arc<Self>, op: &str, arg: &str, owned: &Arc<Owned>) -> Result<()> {
-        self.check_attachable(op, arg)?;
+    ///
+    /// The root records nothing: what it is given is its handles' from then on, freed
+    /// when the last one drops, as DJL's system manager tracks nothing it is given. The
+    /// root never closes, so a tensor it recorded would be kept for the life of the
+    /// process, and with it every output of an op on it (they belong to the scope of
+    /// their first input).
+    fn take(self: &Arc<Self>, op: &str, owned: &Arc<Owned>) -> Result<()> {
+        self.check_attachable(op)?;
+        if self.is_root() {
+            // The same refusal of workspace memory, naming the root.
+            owned.set_owner(Some(self.clone()))?;
+            owned.set_owner(None)?;
+            return Ok(());
+        }
         owned.set_owner(Some(self.clone()))?;
         lock(&self.inner).owned.push(Held::new(owned));
         Ok(())
@@ -790,8 +803,13 @@ impl Owner {
     /// this owner borrowed becomes its own for good).
     pub(crate) fn attach(self: &Arc<Self>, owned: &Arc<Owned>) -> Result<()> {
         let _transfer = ownership_lock();
-        owned.check_not_freed("attach")?;
-        self.check_attachable("attach", "X")?;
+        self.attach_locked("attach", owned)
+    }
+
+    /// [`Owner::attach`] for `op` (ownership lock held).
+    fn attach_locked(self: &Arc<Self>, op: &str, owned: &Arc<Owned>) -> Result<()> {
+        owned.check_not_freed(op)?;
+        self.check_attachable(op)?;
         let previous = owned.owner();
         if let Some(previous) = &previous {
             if Arc::ptr_eq(previous, self) {
@@ -799,12 +817,12 @@ impl Owner {
                     Some(Entry::Borrowed(held, _)) | Some(Entry::Owned(held)) => {
                         lock(&self.inner).owned.push(held);
                     }
-                    None => self.take("attach", "X", owned)?,
+                    None => self.take(op, owned)?,
                 }
                 return Ok(());
             }
         }
-        self.take("attach", "X", owned)?;
+        self.take(op, owned)?;
         if let Some(previous) = previous {
             drop(previous.release(owned));
         }
@@ -818,9 +836,13 @@ impl Owner {
         if self.is_closed() {
             return Err(self.closed_for("detach", "detach", owned));
         }
-        let entry = self
-            .release(owned)
-            .ok_or_else(|| self.not_owned("detach"))?;
+        let Some(entry) = self.release(owned) else {
+            // The root records nothing: a tensor no scope owns is its handles' already.
+            if self.is_root() && owned.owner().is_none() && owned.stamp().is_none() {
+                return Ok(());
+            }
+            return Err(self.not_owned("detach"));
+        };
         drop(entry);
         owned.set_owner(None)?;
         Ok(())
@@ -839,7 +861,7 @@ impl Owner {
             });
         }
         let _transfer = ownership_lock();
-        self.check_attachable("temp_attach_all", "X")?;
+        self.check_attachable("temp_attach_all")?;
         let mut unique: Vec<&Arc<Owned>> = Vec::with_capacity(all.len());
         for owned in all {
             owned.check_not_freed("temp_attach_all")?;
@@ -872,6 +894,9 @@ impl Owner {
 
     /// Hands `owned` to the parent (DJL's `ret`); borrowed memory goes for good too. If
     /// the parent cannot take it (capped or closed), it stays here, as before the call.
+    /// Memory this owner does not hold goes to the parent all the same, from its handles
+    /// or another owner, as an attach to the parent (DJL's `ret` attaches whatever it is
+    /// given).
     pub(crate) fn ret(self: &Arc<Self>, owned: &Arc<Owned>) -> Result<()> {
         let parent = self.parent.clone().ok_or_else(|| Error::Scope {
             scope: self.name.clone(),
@@ -882,10 +907,10 @@ impl Owner {
             return Err(self.closed_for("ret", "return", owned));
         }
         owned.check_not_freed("ret")?;
-        let entry = self
-            .release(owned)
-            .ok_or_else(|| self.not_owned("return"))?;
-        match parent.take("ret", "X", owned) {
+        let Some(entry) = self.release(owned) else {
+            return parent.attach_locked("ret", owned);
+        };
+        match parent.take("ret", owned) {
             Ok(()) => {
                 drop(entry);
                 Ok(())

@@ -91,7 +91,7 @@ impl NewStorage {
             Placement::Workspace(_) => (MemorySource::default(), None),
         };
         if let Some(owner) = &owner {
-            owner.check_attachable(op, "Z")?;
+            owner.check_attachable(op)?;
         }
         let block = source.allocate(bytes, layout.align(), Usage::Tensor)?;
         Ok(NewStorage {

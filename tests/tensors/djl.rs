@@ -701,3 +701,124 @@ fn a_sub_scope_borrowing_its_parents_inputs_frees_only_the_intermediates() {
     drop((x, w, result));
     assert_eq!(settle_to(&source, 0), 0);
 }
+
+// ---- BaseNDManager.SystemManager: the root tracks nothing -----------------------------
+
+/// DJL's system manager tracks nothing it is given (`attachInternal` does nothing), so an
+/// array on it is freed when nothing refers to it. ndmem's root never closes: a tensor it
+/// recorded, and every op output on it (an output belongs to its first input's scope),
+/// would be kept for the life of the process. What goes to the root is its handles'.
+#[test]
+fn the_root_keeps_nothing_so_op_outputs_on_its_tensors_free_when_dropped() {
+    let source = private(None);
+    let base = Scope::new_base_in("to-root", source);
+    let weights = {
+        let w = base.ones(DType::F32, &[1024]).unwrap();
+        base.ret(&w).unwrap()
+    };
+    let block = live(&source);
+    assert_eq!(base.tensor_count(), 0, "returned to the root");
+    assert_eq!(Scope::root().tensor_count(), 0, "the root records nothing");
+    for step in 0..100 {
+        let y = weights.add_scalar(step as f64).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap()[0], 1.0 + step as f32);
+    }
+    assert_eq!(settle_to(&source, block), block, "every output freed");
+    base.close().unwrap();
+    assert_eq!(
+        weights.to_vec::<f32>().unwrap(),
+        vec![1.0; 1024],
+        "not the base's"
+    );
+    drop(weights);
+    assert_eq!(settle_to(&source, 0), 0, "freed with its last handle");
+}
+
+#[test]
+fn attaching_to_the_root_takes_a_tensor_from_its_scope_and_gives_it_to_its_handles() {
+    let source = private(None);
+    let base = Scope::new_base_in("attach-root", source);
+    let t = base.full(DType::F64, &[8], 2.5).unwrap();
+    Scope::root().attach(&t).unwrap();
+    assert_eq!((base.tensor_count(), Scope::root().tensor_count()), (0, 0));
+    Scope::root()
+        .detach(&t)
+        .expect("a tensor no scope owns is already its handles'");
+    base.close().unwrap();
+    assert_eq!(t.to_vec::<f64>().unwrap(), vec![2.5; 8]);
+    drop(t);
+    assert_eq!(settle_to(&source, 0), 0);
+    // The root created in scope-less fashion too: a root tensor is freed with its handles.
+    let r = Scope::root().zeros(DType::F32, &[4]).unwrap();
+    assert_eq!(Scope::root().tensor_count(), 0);
+    let other = Scope::new_base("owns-it");
+    other.attach(&r).unwrap();
+    assert_eq!(
+        other.tensor_count(),
+        1,
+        "a root tensor can be attached elsewhere"
+    );
+    let err = Scope::root().detach(&r).unwrap_err();
+    assert!(
+        matches!(&err, Error::Scope { scope, .. } if scope == "root"),
+        "{err}"
+    );
+}
+
+/// DJL `NDManager.ret`: `resource.attach(getParentManager())`, whoever owns it.
+#[test]
+fn ret_hands_any_tensor_to_the_parent_as_djl_attaches_it() {
+    let source = private(None);
+    let parent = Scope::new_base_in("ret-parent", source);
+    let child = parent.child("ret-child").unwrap();
+    let free = Tensor::zeros_in(&source, DType::F32, &[4]).unwrap();
+    child.ret(&free).unwrap();
+    assert_eq!(parent.tensor_count(), 1, "from its handles to the parent");
+    let parents = parent.zeros(DType::F32, &[4]).unwrap();
+    child.ret(&parents).unwrap();
+    assert_eq!(
+        parent.tensor_count(),
+        2,
+        "the parent's already: it stays there"
+    );
+    let elsewhere = Scope::new_base_in("ret-elsewhere", source);
+    let theirs = elsewhere.zeros(DType::F32, &[4]).unwrap();
+    child.ret(&theirs).unwrap();
+    assert_eq!((elsewhere.tensor_count(), parent.tensor_count()), (0, 3));
+    elsewhere.close().unwrap();
+    assert!(theirs.is_valid(), "the parent's now");
+    parent.cap();
+    let late = Tensor::zeros_in(&source, DType::F32, &[4]).unwrap();
+    assert!(capped_naming(&child.ret(&late).unwrap_err(), "ret-parent"));
+    parent.close().unwrap();
+    assert!(!free.is_valid() && !parents.is_valid() && !theirs.is_valid());
+    assert!(
+        late.is_valid(),
+        "a refused ret leaves the tensor where it was"
+    );
+}
+
+#[test]
+fn a_closed_scope_asked_to_take_or_open_something_names_itself_not_an_argument() {
+    let scope = Scope::new_base("closed-taker");
+    let child = scope.child("closed-child").unwrap();
+    scope.close().unwrap();
+    let fresh = Tensor::zeros(DType::F32, &[2]).unwrap();
+    let err = child.attach(&fresh).unwrap_err();
+    assert!(closed_naming(&err, "closed-child"), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "Op [attach]: scope [closed-child] is closed"
+    );
+    let err = child.child("x").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Op [child]: scope [closed-child] is closed"
+    );
+    let err = child.zeros(DType::F32, &[2]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Op [zeros]: scope [closed-child] is closed"
+    );
+    assert!(fresh.is_valid(), "not the closed scope's");
+}

@@ -391,6 +391,36 @@ fn a_trace_file_that_cannot_be_written_is_refused_before_any_work() {
 }
 
 #[test]
+fn a_trace_naming_a_report_is_refused_before_any_work() {
+    // The trace is written at exit: naming a report, it would replace what the run has
+    // just said it wrote.
+    let dir = temp_dir("trace-names-report");
+    for (args, trace, needle) in [
+        (
+            &["--steps", "2", "--mode", "pool"][..],
+            "ndmem-report.json",
+            "NDMEM_TRACE names ./ndmem-report.json, the JSON report (--out-dir): the trace, written at exit, would overwrite it",
+        ),
+        (
+            &["--steps", "2", "--mode", "pool", "--svg", "r.svg"][..],
+            "./r.svg",
+            "NDMEM_TRACE names r.svg, the SVG (--svg): the trace, written at exit, would overwrite it",
+        ),
+    ] {
+        let out = ndmem(&dir, args, &[("NDMEM_TRACE", trace)]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{trace}: {stderr}");
+        assert_eq!(stderr.trim_end(), format!("ndmem: {needle}"), "{trace}");
+        assert!(out.stdout.is_empty(), "{trace}: no training");
+    }
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing written"
+    );
+}
+
+#[test]
 fn a_configuration_error_leaves_no_out_dir_behind() {
     let dir = temp_dir("out-dir-config");
     for args in [
