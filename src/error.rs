@@ -240,10 +240,15 @@ impl Error {
         }
     }
 
-    /// Whether this is a refusal at a limit (host or device), the error a smaller batch,
-    /// a freed workspace or a higher limit can cure.
+    /// Whether this is a refusal at a limit (a host pool's or a device's off-heap limit,
+    /// or the physical limit: `AllocError::PhysicalLimit`), the error a smaller batch, a
+    /// freed workspace or a higher limit can cure. Only `OutOfMemory` carries the report
+    /// ([`Error::oom_report`]); the `stats::on_oom` hooks get one for both.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, Error::Alloc(AllocError::OutOfMemory { .. }))
+        matches!(
+            self,
+            Error::Alloc(AllocError::OutOfMemory { .. } | AllocError::PhysicalLimit { .. })
+        )
     }
 }
 

@@ -82,6 +82,8 @@ pub(crate) fn parse_device_size(text: &str) -> Result<Option<usize>, ConfigError
     if significant(whole, true) > 4 || fraction.map_or(0, |f| significant(f, false)) > 12 {
         return Err(invalid("it has too many digits"));
     }
+    // The device drops the fraction's trailing zeros before it scales: so does this check.
+    let fraction = fraction.map(|f| &f[..significant(f, false)]);
     percentage(whole, fraction, PercentOf::Device).map_err(invalid)?;
     Ok(None)
 }
@@ -702,7 +704,16 @@ mod tests {
     fn a_device_percentage_is_left_to_the_device_not_judged_against_ram() {
         // 1e-10 % of RAM is less than a byte; of a large device it is a limit. The host only
         // checks the form.
-        for percent in ["0.0000000001%", "50%", " 12.5 %", "0%"] {
+        // Trailing zeros of the fraction say nothing, however many (the device drops them
+        // too).
+        for percent in [
+            "0.0000000001%",
+            "50%",
+            " 12.5 %",
+            "0%",
+            "50.0000000000000000000%",
+            "50.5000000000000000000000%",
+        ] {
             let env = HashMap::from([(ENV_MAX_DEVICE_BYTES, percent)]);
             let limits = Limits::from_lookup(|n| Ok(env.get(n).map(|v| v.to_string())))
                 .unwrap_or_else(|e| panic!("{percent}: {e}"));

@@ -251,6 +251,18 @@ fn is_global(pool: &Pool) -> bool {
 fn limit_advice(error: &AllocError, pool: Option<&'static Pool>) -> String {
     let (kind, limit) = match error {
         AllocError::OutOfMemory { kind, limit, .. } => (*kind, *limit),
+        AllocError::PhysicalLimit {
+            rss,
+            limit,
+            variable,
+            ..
+        } => {
+            return format!(
+                "raise {variable} (now {}; the process's resident memory is {}, heap and mappings included), or free memory the process holds",
+                ByteSize(*limit),
+                ByteSize(*rss)
+            )
+        }
         _ => return "free memory or raise the limit".into(),
     };
     if let MemoryKind::Device(ordinal) = kind {
@@ -311,7 +323,11 @@ pub fn on_oom(hook: impl Fn(&OomReport) + Send + Sync + 'static) {
 
 /// The pool's observer: builds the report and runs the hooks.
 fn observe(error: &AllocError) {
-    if !matches!(error, AllocError::OutOfMemory { .. }) || IN_HOOK.with(Cell::get) {
+    let at_a_limit = matches!(
+        error,
+        AllocError::OutOfMemory { .. } | AllocError::PhysicalLimit { .. }
+    );
+    if !at_a_limit || IN_HOOK.with(Cell::get) {
         return;
     }
     let hooks: Vec<Hook> = HOOKS.read().unwrap_or_else(PoisonError::into_inner).clone();

@@ -171,7 +171,12 @@ impl Tensor {
             && other.shape()[0] == 1
             && self.ndim() == 2
             && other.shape()[1] == self.shape()[1];
-        if !(other.shape() == self.shape() || row || row2 || b_len == 1) || n == 0 {
+        // A second operand of higher rank broadcasts the first (the output takes its
+        // rank): that runs on the host (semantics §5.8).
+        if !(other.shape() == self.shape() || row || row2 || b_len == 1)
+            || other.ndim() > self.ndim()
+            || n == 0
+        {
             return None;
         }
         let shape = self.shape.clone();

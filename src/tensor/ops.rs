@@ -255,7 +255,7 @@ impl Tensor {
 
     /// `self * value` (`value` converted to the dtype like `as`). Integers wrap.
     pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
-        if let Some(on_device) = self.device_affine("mul_scalar", value as f32, 0.0) {
+        if let Some(on_device) = self.device_affine("mul_scalar", value as f32, -0.0) {
             return on_device;
         }
         with_dtype!(self.dtype, T => {

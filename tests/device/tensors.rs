@@ -482,3 +482,54 @@ fn device_ops_read_transposed_and_broadcast_views_as_the_host_does() {
         vec![1.0, 3.0, 5.0, 0.0, 0.0, 0.0]
     );
 }
+
+#[test]
+fn a_second_operand_of_higher_rank_gives_the_hosts_broadcast_shape() {
+    // Semantics §5.8: a broadcast first operand runs on the host; a one-element second
+    // operand of higher rank broadcasts the first to its rank.
+    let gpu = sim(0, 1 << 30);
+    for (a_shape, b_shape, want) in [
+        (&[3][..], &[1, 1][..], &[1, 3][..]),
+        (&[][..], &[1][..], &[1][..]),
+        (&[2, 3][..], &[1, 1, 1][..], &[1, 2, 3][..]),
+    ] {
+        let n: usize = a_shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let a = Tensor::from_slice(&values, a_shape).unwrap();
+        let b = Tensor::from_slice(&[10.0f32], b_shape).unwrap();
+        let host = a.add(&b).unwrap();
+        assert_eq!(host.shape(), want);
+        let on_device = a
+            .to_device(&gpu)
+            .unwrap()
+            .add(&b.to_device(&gpu).unwrap())
+            .unwrap();
+        assert_eq!(on_device.shape(), want, "{a_shape:?} + {b_shape:?}");
+        assert_eq!(
+            on_device.to_vec::<f32>().unwrap(),
+            host.to_vec::<f32>().unwrap()
+        );
+    }
+}
+
+#[test]
+fn mul_scalar_on_the_device_keeps_the_sign_of_zero() {
+    // Semantics §5.8: device ops give the host's results; `x * -1` of 0.0 is -0.0.
+    let gpu = sim(0, 1 << 30);
+    let a = Tensor::from_slice(&[0.0f32, -0.0, 1.5, -2.0], &[4]).unwrap();
+    let d = a.to_device(&gpu).unwrap();
+    for value in [-1.0, 0.0, 2.0] {
+        let bits = |t: Tensor| -> Vec<u32> {
+            t.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(
+            bits(d.mul_scalar(value).unwrap()),
+            bits(a.mul_scalar(value).unwrap()),
+            "x * {value}"
+        );
+    }
+}

@@ -1258,3 +1258,51 @@ fn misconfigured_global_child() {
     assert!(!summary.contains("[global] 0 B"), "{summary}");
     assert!(Pool::new(Limits::unlimited()).config_error().is_none());
 }
+
+#[test]
+fn a_refusal_at_the_physical_limit_reaches_the_hooks_and_is_out_of_memory() {
+    // Semantics §7: a refusal at the physical limit counts as an OOM everywhere (counters,
+    // timeline), so the hooks see it too, and `is_out_of_memory()` says so; the advice
+    // names the physical limit's knob. Alone in a process, so the RSS moves only by what
+    // this test does.
+    if common::child::run_alone(common::test_name!(
+        a_refusal_at_the_physical_limit_reaches_the_hooks_and_is_out_of_memory
+    )) {
+        return;
+    }
+    static ADVICE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    stats::on_oom(|report| {
+        if matches!(report.error, AllocError::PhysicalLimit { .. }) {
+            ADVICE
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(report.advice.join("; "));
+        }
+    });
+    let limit = ndmem::alloc::physical_bytes() + (64 << 20);
+    let source = MemorySource::new(Pool::new(
+        Limits::builder()
+            .max_bytes(None)
+            .max_physical_bytes(limit)
+            .build(),
+    ));
+    let scope = Scope::new_base_in("physical", source);
+    let err = scope.zeros(DType::U8, &[256 << 20]).unwrap_err();
+    assert!(
+        matches!(err.alloc_error(), Some(AllocError::PhysicalLimit { .. })),
+        "{err:?}"
+    );
+    assert!(err.is_out_of_memory());
+    assert!(err.oom_report().is_none(), "the variant carries no report");
+    let advice = ADVICE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(advice.len(), 1, "the hooks ran once: {advice:?}");
+    assert!(
+        advice[0].starts_with("raise Limits::max_physical_bytes of this pool (now ")
+            && advice[0].contains("resident memory is"),
+        "{advice:?}"
+    );
+    assert_eq!(source.pool().stats().failed_allocations, 1);
+}
