@@ -69,7 +69,15 @@ impl UnaryOp {
 
     fn apply(self, v: f32) -> f32 {
         match self {
-            UnaryOp::Relu => v.max(0.0),
+            // `x > 0 ? x : 0`, as the host and the CUDA kernel: NaN and -0.0 give +0.0
+            // (`f32::max` may keep the sign of a zero).
+            UnaryOp::Relu => {
+                if v > 0.0 {
+                    v
+                } else {
+                    0.0
+                }
+            }
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
             UnaryOp::Tanh => v.tanh(),
             UnaryOp::Exp => v.exp(),

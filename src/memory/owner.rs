@@ -217,16 +217,22 @@ impl Owned {
     /// Records `owner` (the caller holds the ownership lock); returns the previous one.
     /// Workspace memory cannot be owned by a scope.
     fn set_owner(&self, owner: Option<Arc<Owner>>) -> Result<Option<Arc<Owner>>> {
-        if let Some(stamp) = self.home().stamp() {
-            return Err(Error::Scope {
-                scope: owner.map_or_else(|| "?".into(), |o| o.name.clone()),
+        self.check_ownable(owner.as_ref().map_or("?", |o| o.name.as_str()))?;
+        Ok(std::mem::replace(&mut *lock(&self.owner), owner))
+    }
+
+    /// [`Error::Scope`] naming `scope` if this is workspace memory, which no scope owns.
+    fn check_ownable(&self, scope: &str) -> Result<()> {
+        match self.home().stamp() {
+            Some(stamp) => Err(Error::Scope {
+                scope: scope.into(),
                 message: format!(
                     "a tensor of workspace [{}] belongs to its workspace; detach() it first",
                     stamp.workspace_id()
                 ),
-            });
+            }),
+            None => Ok(()),
         }
-        Ok(std::mem::replace(&mut *lock(&self.owner), owner))
     }
 
     /// [`Error::ScopeClosed`] if this memory was freed by its closed owner.
@@ -747,8 +753,9 @@ impl Owner {
     fn take(self: &Arc<Self>, op: &str, owned: &Arc<Owned>) -> Result<()> {
         self.check_attachable(op)?;
         if self.is_root() {
-            // The same refusal of workspace memory, naming the root.
-            owned.set_owner(Some(self.clone()))?;
+            // The same refusal of workspace memory, naming the root; the owner field is
+            // never the root, even for a moment.
+            owned.check_ownable(&self.name)?;
             owned.set_owner(None)?;
             return Ok(());
         }

@@ -60,6 +60,9 @@ fn build(error: AllocError) -> OomReport {
     let workspaces = all_workspaces_with_source();
     let scopes = scopes_with_source();
     let (refused, pool) = refusing_pool(&error, &workspaces, &scopes);
+    // The physical limit is the whole process's resident memory: every pool's holders
+    // count, not only the refusing pool's.
+    let refused = refused.filter(|_| !matches!(error, AllocError::PhysicalLimit { .. }));
     // Holders of the refusing pool only (a private pool no workspace or scope draws on
     // has none), unless no pool refused on this thread.
     let of_pool = |source: &MemorySource| refused.map_or(true, |id| source.pool().id() == id);

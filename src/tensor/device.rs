@@ -282,7 +282,8 @@ impl Tensor {
     pub(crate) fn device_matmul(&self, other: &Tensor) -> Option<Result<Tensor>> {
         let device = self.device_for(Some(other))?;
         let (m, k, n) = (self.shape[0], self.shape[1], other.shape[1]);
-        if m * k * n == 0 {
+        // Each is a dimension of a tensor; their product may overflow, their test cannot.
+        if m == 0 || k == 0 || n == 0 {
             return None;
         }
         Some((|| {

@@ -282,17 +282,14 @@ impl Arena {
     /// If the pool refuses the new ring beside the old one while nothing but the ring
     /// refers to the old one, the old ring is freed and the new one asked for again, as
     /// ND4J frees a workspace's buffer before it allocates the larger one: a pool with room
-    /// for the new ring alone must not keep the workspace spilling forever. If the pool
+    /// for the new ring alone must not keep the workspace spilling forever (only when the
+    /// refusal says the new ring fits once the old one is gone: [`fits_once_freed`]). If the pool
     /// refuses that too, a ring of the old shape is built again (the workspace spills
     /// until one is, see [`Cycles::lost_buffer`]) and the error is returned.
     fn build_ring(&self, shape: RingShape) -> Result<(), Error> {
         let fresh = match self.allocate_buffer(shape.buffer) {
             Ok(fresh) => fresh,
-            Err(error)
-                if error.is_out_of_memory()
-                    && self.region.has_buffer()
-                    && self.ring.unreferenced() =>
-            {
+            Err(error) if fits_once_freed(&error, self.size()) && self.ring.unreferenced() => {
                 let old = self.ring.shape();
                 self.ring.clear();
                 self.drop_buffer();
@@ -324,8 +321,10 @@ impl Arena {
     /// Between cycles nothing but the workspace refers to a BlockLeft buffer (a cycle end
     /// that a view outlives does not come here), so when the pool refuses the new buffer
     /// beside the old one, the old one is freed and the new one asked for again, as ND4J
-    /// frees a workspace's buffer before it allocates the larger one. If the pool refuses
-    /// that too, the workspace asks for a buffer of the old size again (and, refused once
+    /// frees a workspace's buffer before it allocates the larger one (only when the refusal
+    /// says the new one fits once the old one is gone: [`fits_once_freed`], so a buffer that
+    /// can never fit is not freed and asked for again at every cycle end). If the pool
+    /// refuses that too, the workspace asks for a buffer of the old size again (and, refused once
     /// more, spills until a later cycle end gets it one: [`Cycles::lost_buffer`]).
     fn replace_buffer(&self, bytes: usize) {
         let old = self.size();
@@ -333,7 +332,7 @@ impl Arena {
             return;
         }
         let fresh = match self.allocate_buffer(bytes) {
-            Err(error) if error.is_out_of_memory() && old > 0 && self.buffer_unreferenced() => {
+            Err(error) if fits_once_freed(&error, old) && self.buffer_unreferenced() => {
                 self.drop_buffer();
                 self.allocate_buffer(bytes)
                     .or_else(|_| self.allocate_buffer(old))
@@ -789,6 +788,23 @@ impl Arena {
         if self.is_open() {
             self.published.store_entered(self.generation());
         }
+    }
+}
+
+/// Whether a refusal of a new buffer would be a grant once the workspace gave back `freed`
+/// bytes of its own: a refusal at the off-heap limit whose request fits in the room it
+/// found plus those bytes. Anything else (another error, the physical limit, a request
+/// too large even then) is not worth freeing the old buffer for: it would only be freed,
+/// refused again and asked for back at every cycle end.
+fn fits_once_freed(error: &Error, freed: usize) -> bool {
+    match error.alloc_error() {
+        Some(AllocError::OutOfMemory {
+            needed,
+            used,
+            limit,
+            ..
+        }) => freed > 0 && *needed <= limit.saturating_sub(*used).saturating_add(freed),
+        _ => false,
     }
 }
 

@@ -533,3 +533,31 @@ fn mul_scalar_on_the_device_keeps_the_sign_of_zero() {
         );
     }
 }
+
+#[test]
+fn relu_on_the_device_is_x_gt_0_then_x_else_0_for_signed_zeros_and_nan() {
+    // Semantics §3: `relu` is `x > 0 ? x : 0` on every device: -0.0 and NaN give +0.0.
+    let gpu = sim(0, 1 << 30);
+    let a = Tensor::from_slice(&[-0.0f32, 0.0, f32::NAN, -1.0, 2.0], &[5]).unwrap();
+    let on_device = a.to_device(&gpu).unwrap().relu().unwrap();
+    let bits: Vec<u32> = on_device
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
+    assert_eq!(bits, [0.0f32, 0.0, 0.0, 0.0, 2.0].map(f32::to_bits));
+}
+
+#[test]
+fn a_device_matmul_whose_dimensions_multiply_past_usize_is_an_error_not_a_panic() {
+    // Semantics §3: operations never panic on their input; m x k x n overflows here
+    // (debug builds checked the product).
+    let gpu = sim(0, 1 << 30);
+    let one = Tensor::ones(DType::F32, &[1, 1])
+        .unwrap()
+        .to_device(&gpu)
+        .unwrap();
+    let a = one.broadcast_to(&[1 << 30, 1 << 30]).unwrap();
+    assert!(a.matmul(&a).is_err());
+}

@@ -1271,14 +1271,23 @@ fn a_refusal_at_the_physical_limit_reaches_the_hooks_and_is_out_of_memory() {
         return;
     }
     static ADVICE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static HOLDERS: Mutex<Vec<String>> = Mutex::new(Vec::new());
     stats::on_oom(|report| {
         if matches!(report.error, AllocError::PhysicalLimit { .. }) {
             ADVICE
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(report.advice.join("; "));
+            HOLDERS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(report.holders.iter().map(|h| h.name.clone()));
         }
     });
+    // Held in the global pool: the resident memory is the whole process's, so the report
+    // of a private pool's physical refusal lists it too.
+    let elsewhere = Scope::new_base("held-elsewhere");
+    let _held = elsewhere.zeros(DType::U8, &[4 << 20]).unwrap();
     let limit = ndmem::alloc::physical_bytes() + (64 << 20);
     let source = MemorySource::new(Pool::new(
         Limits::builder()
@@ -1305,4 +1314,12 @@ fn a_refusal_at_the_physical_limit_reaches_the_hooks_and_is_out_of_memory() {
         "{advice:?}"
     );
     assert_eq!(source.pool().stats().failed_allocations, 1);
+    let holders = HOLDERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert!(
+        holders.iter().any(|h| h == "[held-elsewhere]"),
+        "{holders:?}"
+    );
 }

@@ -210,8 +210,14 @@ fn a_capped_scopes_tensor_still_feeds_views_and_ops_whose_output_goes_to_a_works
     assert_eq!(x.transpose().unwrap().shape(), &[3, 2]);
     assert_eq!(x.reshape(&[6]).unwrap().shape(), &[6]);
     assert_eq!(x.broadcast_to(&[4, 2, 3]).unwrap().shape(), &[4, 2, 3]);
-    // An op that allocates is refused, unless its output goes to the current workspace.
+    // An op that allocates is refused, unless its output goes to the current workspace;
+    // so is the reshape of a transposed view, which copies its elements into row-major
+    // order first.
     assert!(matches!(x.copy(), Err(Error::ScopeCapped { .. })));
+    assert!(matches!(
+        x.transpose().unwrap().reshape(&[6]),
+        Err(Error::ScopeCapped { .. })
+    ));
     let ws = ndmem::workspaces();
     let cfg = ndmem::WorkspaceConfig::default();
     let g = ws.get_and_activate(&cfg, "CAPPED_SCOPE_WS").unwrap();

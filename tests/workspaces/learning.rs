@@ -306,6 +306,9 @@ fn reallocate_refused_even_alone_keeps_a_buffer_of_the_old_size() {
         (576 << 10, 512 << 10),
         "the old size: {s:?}"
     );
+    // The refusal says the new buffer cannot fit even with the old one freed: the old one
+    // is kept, not freed and asked for back (one refusal at the cycle end, not two).
+    assert_eq!(source.pool().stats().failed_allocations, 1);
     let g = ws.get_and_activate(&cfg, "TIGHT_KEEP").unwrap();
     fill(&g, 1, 512 << 10);
     assert_eq!(

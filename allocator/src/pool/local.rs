@@ -378,8 +378,8 @@ impl Slot {
         true
     }
 
-    /// Owner: `n` blocks of `class` (of `capacity` bytes each), linked through their first
-    /// words from `head` and owned by the caller, become this slot's list of that class,
+    /// Owner: `n` blocks of `class` (of `capacity` bytes each), linked through their link
+    /// words ([`link`]) from `head` and owned by the caller, become this slot's list of that class,
     /// which must be empty; its cap is raised to hold them and the block handed out with
     /// them (`n + 1`: all come back in a step like the last), if the slot's caps stay
     /// within `bound` bytes with it. `false` (nothing changed, the blocks still the
@@ -976,9 +976,10 @@ impl Chain {
 /// block-by-block trip through the shared classes' 16 slots.
 ///
 /// The stacks are linked through the blocks themselves (no allocation): the first block of
-/// a list waiting in the depot holds, after its link to the next block of its list, the
-/// first block of the next list down the stack and its list's length (a block of a class
-/// has at least 64 bytes).
+/// a list waiting in the depot holds, in its words 1 and 2 (its link to the next block of
+/// its list is word 0 or a word at least 64 bytes in: [`link`]), the first block of the
+/// next list down the stack and its list's length (a block of a class has at least 64
+/// bytes).
 pub(super) struct Depot {
     chains: Mutex<DepotChains>,
 }
