@@ -409,6 +409,19 @@ fn a_circular_cycle_bumps_no_further_than_max_size_off_the_alignment() {
     }
 }
 
+/// A Reallocate ring of 400 KiB slots (one, `Strict`) drawing on a pool of 1 MiB.
+fn tight_ring() -> WorkspaceConfig {
+    strict()
+        .policy_reset(ResetPolicy::EndOfBuffer)
+        .initial_size(400 << 10)
+        .policy_spill(SpillPolicy::Reallocate)
+        .source(MemorySource::new(Pool::new(
+            Limits::builder().max_bytes(1 << 20).build(),
+        )))
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn a_ring_rebuilt_in_a_pool_with_room_for_the_new_ring_alone_frees_the_old_one_first() {
     // Semantics §2.4: a ring that spilled is rebuilt two cycles later if the new ring is
@@ -416,14 +429,7 @@ fn a_ring_rebuilt_in_a_pool_with_room_for_the_new_ring_alone_frees_the_old_one_f
     // the new ring alone (768 KiB), not both: nothing refers to the old ring any more, so
     // it goes first.
     let ws = workspaces();
-    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
-    let cfg = strict()
-        .policy_reset(ResetPolicy::EndOfBuffer)
-        .initial_size(400 << 10)
-        .policy_spill(SpillPolicy::Reallocate)
-        .source(source)
-        .build()
-        .unwrap();
+    let cfg = tight_ring();
     let before = {
         let g = ws.get_and_activate(&cfg, "TIGHT_RING").unwrap();
         fill(&g, 1, 300 << 10);
@@ -452,14 +458,7 @@ fn a_ring_whose_old_slots_are_held_is_not_freed_for_a_rebuild() {
     // rebuild the pool cannot fit beside the old ring waits, and the held memory keeps
     // its bytes.
     let ws = workspaces();
-    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
-    let cfg = strict()
-        .policy_reset(ResetPolicy::EndOfBuffer)
-        .initial_size(400 << 10)
-        .policy_spill(SpillPolicy::Reallocate)
-        .source(source)
-        .build()
-        .unwrap();
+    let cfg = tight_ring();
     let held = {
         let g = ws.get_and_activate(&cfg, "HELD_RING").unwrap();
         let memory = g.alloc_memory(layout(300 << 10)).unwrap();

@@ -245,9 +245,16 @@ fn reallocate_before_the_first_learning_only_frees_spills() {
     assert_eq!(ws.workspace("REALLOC_EARLY").unwrap().size, capacity(2016));
 }
 
-/// A memory source whose pool holds at most `limit` bytes.
-fn tight(limit: usize) -> MemorySource {
-    MemorySource::new(Pool::new(Limits::builder().max_bytes(limit).build()))
+/// A pool of 1 MiB, and a Reallocate workspace of 512 KiB drawing on it.
+fn tight_reallocating() -> (MemorySource, WorkspaceConfig) {
+    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
+    let cfg = strict()
+        .initial_size(512 << 10)
+        .policy_spill(SpillPolicy::Reallocate)
+        .source(source)
+        .build()
+        .unwrap();
+    (source, cfg)
 }
 
 #[test]
@@ -257,13 +264,7 @@ fn reallocate_in_a_pool_with_room_for_the_new_buffer_alone_frees_the_old_one_fir
     // (512 + 320 KiB), and the new buffer alone (768 KiB), but not old and new together:
     // the old one goes first, as ND4J frees a workspace's buffer before the larger one.
     let ws = workspaces();
-    let source = tight(1 << 20);
-    let cfg = strict()
-        .initial_size(512 << 10)
-        .policy_spill(SpillPolicy::Reallocate)
-        .source(source)
-        .build()
-        .unwrap();
+    let (source, cfg) = tight_reallocating();
     {
         let g = ws.get_and_activate(&cfg, "TIGHT_REALLOC").unwrap();
         fill(&g, 1, 400 << 10);
@@ -286,13 +287,7 @@ fn reallocate_refused_even_alone_keeps_a_buffer_of_the_old_size() {
     // and 448 KiB held outside the workspace; the new buffer (576 KiB, a 640 KiB block)
     // does not fit even with the old one freed: the workspace gets one of the old size.
     let ws = workspaces();
-    let source = tight(1 << 20);
-    let cfg = strict()
-        .initial_size(512 << 10)
-        .policy_spill(SpillPolicy::Reallocate)
-        .source(source)
-        .build()
-        .unwrap();
+    let (source, cfg) = tight_reallocating();
     let _outside = source.pool().allocate(448 << 10, 16).unwrap();
     {
         let g = ws.get_and_activate(&cfg, "TIGHT_KEEP").unwrap();
