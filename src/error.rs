@@ -245,10 +245,8 @@ impl Error {
     /// freed workspace or a higher limit can cure. Only `OutOfMemory` carries the report
     /// ([`Error::oom_report`]); the `stats::on_oom` hooks get one for both.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(
-            self,
-            Error::Alloc(AllocError::OutOfMemory { .. } | AllocError::PhysicalLimit { .. })
-        )
+        self.alloc_error()
+            .is_some_and(|e| e.refused_at_limit().is_some())
     }
 }
 

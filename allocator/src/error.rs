@@ -212,6 +212,20 @@ pub enum AllocError {
     Config(#[from] ConfigError),
 }
 
+impl AllocError {
+    /// The bytes asked for, if this is a refusal at a limit: the off-heap limit
+    /// ([`AllocError::OutOfMemory`], a host pool's or a device's) or the physical limit
+    /// ([`AllocError::PhysicalLimit`]), the refusals a smaller request, freed memory or a
+    /// higher limit can cure; `None` for every other error.
+    pub fn refused_at_limit(&self) -> Option<usize> {
+        match self {
+            AllocError::OutOfMemory { requested, .. }
+            | AllocError::PhysicalLimit { requested, .. } => Some(*requested),
+            _ => None,
+        }
+    }
+}
+
 /// The message of [`AllocError::OutOfMemory`]: its attached report's, or one line.
 struct OomMessage<'a> {
     kind: MemoryKind,

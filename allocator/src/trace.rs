@@ -783,12 +783,7 @@ pub fn set_oom_observer(observer: Option<fn(&AllocError)>) {
 /// observer. Cold: only on a refusal.
 #[cold]
 pub fn refused(pool: usize, held: usize, error: &AllocError) {
-    let requested = match error {
-        AllocError::OutOfMemory { requested, .. } | AllocError::PhysicalLimit { requested, .. } => {
-            *requested
-        }
-        _ => 0,
-    };
+    let requested = error.refused_at_limit().unwrap_or(0);
     record_pool(EventKind::Oom, pool, requested, held);
     let _ = LAST_REFUSED.try_with(|last| last.set(pool));
     let observer = *OOM_OBSERVER.read().unwrap_or_else(PoisonError::into_inner);

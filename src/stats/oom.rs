@@ -326,11 +326,7 @@ pub fn on_oom(hook: impl Fn(&OomReport) + Send + Sync + 'static) {
 
 /// The pool's observer: builds the report and runs the hooks.
 fn observe(error: &AllocError) {
-    let at_a_limit = matches!(
-        error,
-        AllocError::OutOfMemory { .. } | AllocError::PhysicalLimit { .. }
-    );
-    if !at_a_limit || IN_HOOK.with(Cell::get) {
+    if error.refused_at_limit().is_none() || IN_HOOK.with(Cell::get) {
         return;
     }
     let hooks: Vec<Hook> = HOOKS.read().unwrap_or_else(PoisonError::into_inner).clone();
