@@ -782,7 +782,8 @@ impl Tensor {
             });
         }
         let strides = contiguous_strides("reshape", shape)?;
-        let base = if self.strides == contiguous_strides("reshape", &self.shape)? {
+        // Row-major already (the strides of axes of length 1 do not matter): a view.
+        let base = if self.is_contiguous() {
             self.clone()
         } else {
             self.copy()?

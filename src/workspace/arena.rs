@@ -341,7 +341,13 @@ impl Arena {
         };
         match fresh {
             Ok(fresh) => self.install(Arc::new(fresh)),
-            Err(_) => self.cycles.lost_buffer.set(!self.region.has_buffer()),
+            // Only a buffer given up for this one is lost: a first learned buffer the
+            // pool refused is learned again (at its learned size) at a later cycle end.
+            Err(_) => {
+                if old > 0 && !self.region.has_buffer() {
+                    self.cycles.lost_buffer.set(true);
+                }
+            }
         }
     }
 

@@ -156,6 +156,29 @@ fn an_op_on_a_tensor_of_a_capped_scope_is_scope_capped() {
     assert_eq!(settle_to(&source, block), block, "only array3x4 is live");
 }
 
+/// Semantics §4: in a capped scope a `reshape` is a view, and so allocates nothing, when
+/// the elements are in row-major order whatever the strides of axes of length 1 (a
+/// transposed column, a row broadcast to one more axis); only a reshape that must copy
+/// (a transposed matrix) is refused.
+#[test]
+fn a_capped_scope_reshapes_row_major_views_without_copying() {
+    let source = private(None);
+    let manager = Scope::new_base_in("capped-reshape", source);
+    let column = manager.from_slice(&[1.0f32, 2.0, 3.0], &[3, 1]).unwrap();
+    let row = manager.from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let matrix = manager.ones(DType::F32, &[2, 3]).unwrap();
+    let blocks = live(&source);
+    manager.cap();
+    let flat = column.transpose().unwrap().reshape(&[3]).unwrap();
+    assert_eq!(flat.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    let again = row.broadcast_to(&[1, 3]).unwrap().reshape(&[3]).unwrap();
+    assert_eq!(again.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    assert_eq!(live(&source), blocks, "no copy was made");
+    let err = matrix.transpose().unwrap().reshape(&[6]).unwrap_err();
+    assert!(capped_naming(&err, "capped-reshape"), "{err}");
+    assert_eq!(manager.tensor_count(), 3);
+}
+
 /// DJL `NDArrayAttachmentTest.testIndexationUsesSpecificUncappedManager`: an array of a
 /// capped manager can still be borrowed by an uncapped one (and ops on it then go to the
 /// borrower); when the borrower closes, the array goes back to its capped manager (a give

@@ -245,6 +245,38 @@ fn reallocate_before_the_first_learning_only_frees_spills() {
     assert_eq!(ws.workspace("REALLOC_EARLY").unwrap().size, capacity(2016));
 }
 
+#[test]
+fn a_first_learned_buffer_the_pool_refuses_is_learned_again_at_its_learned_size() {
+    // Semantics §2.3: a refused learned buffer fails nothing; the workspace keeps spilling
+    // and tries again at a later cycle end, for the learned size (max_cycle x (1 + limit)),
+    // not the smaller size of a workspace that gave up its buffer for a larger one.
+    let ws = workspaces();
+    let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(160 << 10).build()));
+    let cfg = WorkspaceConfig::builder()
+        .overallocation_limit(1.0)
+        .source(source)
+        .build()
+        .unwrap();
+    let cycle = || {
+        let g = ws.get_and_activate(&cfg, "REFUSED_LEARNING").unwrap();
+        fill(&g, 1, 100 << 10);
+        drop(g);
+        ws.workspace("REFUSED_LEARNING").unwrap()
+    };
+    for _ in 0..3 {
+        let s = cycle();
+        assert_eq!(s.size, 0, "200 KiB does not fit a pool of 160 KiB: {s:?}");
+    }
+    source.pool().set_max_bytes(Some(1 << 20)).unwrap();
+    let s = cycle();
+    assert_eq!(
+        s.size,
+        capacity(2 * s.max_cycle),
+        "learned with its overallocation"
+    );
+    ws.destroy("REFUSED_LEARNING").unwrap();
+}
+
 /// A pool of 1 MiB, and a Reallocate workspace of 512 KiB drawing on it.
 fn tight_reallocating() -> (MemorySource, WorkspaceConfig) {
     let source = MemorySource::new(Pool::new(Limits::builder().max_bytes(1 << 20).build()));
