@@ -11,7 +11,10 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use ndmem::alloc::{heap, Limits, ENV_MAX_DEVICE_BYTES};
+use ndmem::alloc::{
+    heap, physical_bytes, ByteSize, LimitSource, Limits, ENV_MAX_DEVICE_BYTES,
+    ENV_MAX_PHYSICAL_BYTES,
+};
 use ndmem::trace::ENV_TRACE;
 
 use crate::Failure;
@@ -66,6 +69,28 @@ pub fn check() -> Result<Environment, Failure> {
         device_percent,
         trace,
     })
+}
+
+/// A physical limit from `NDMEM_MAX_PHYSICAL_BYTES` below what the process has resident
+/// already is refused before a training run starts, as
+/// [`ndmem::alloc::Pool::set_max_physical_bytes`] refuses it: every pool allocation would
+/// fail at it. (`ndmem limits` reports under any limit, this one included.)
+pub fn check_physical(limits: &Limits) -> Result<(), Failure> {
+    let Some(limit) = limits.max_physical_bytes else {
+        return Ok(());
+    };
+    let resident = physical_bytes();
+    if limits.sources.max_physical_bytes != LimitSource::Environment || limit >= resident {
+        return Ok(());
+    }
+    let value = std::env::var(ENV_MAX_PHYSICAL_BYTES).unwrap_or_default();
+    Err(Failure::config(format!(
+        "{ENV_MAX_PHYSICAL_BYTES}={value:?}: {} is below the {} the process has resident \
+         already (every pool allocation would fail); set it higher, or unset it for the \
+         default",
+        ByteSize(limit),
+        ByteSize(resident)
+    )))
 }
 
 /// `NDMEM_TRACE` as the library's check leaves it, checked further: a value that is only

@@ -251,10 +251,27 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// `path` made absolute through its existing parent directory.
+/// `path` made absolute through its existing parent directory, following a symbolic link
+/// whose target does not exist yet to that target (a file written through the link lands
+/// there).
 fn resolve(path: &Path) -> io::Result<PathBuf> {
+    resolve_within(path, 40)
+}
+
+/// [`resolve`], following at most `links` more dangling links (Linux's own bound, 40).
+fn resolve_within(path: &Path, links: u32) -> io::Result<PathBuf> {
     if let Ok(full) = fs::canonicalize(path) {
         return Ok(full);
+    }
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        let Some(links) = links.checked_sub(1) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "too many links",
+            ));
+        };
+        // A relative target is relative to the link's directory.
+        return resolve_within(&parent(path).join(fs::read_link(path)?), links);
     }
     let name = path
         .file_name()
@@ -358,6 +375,26 @@ mod tests {
         assert!(ensure_dir(&a, "--out-dir")
             .unwrap_err()
             .contains("not a directory"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn same_file_follows_a_link_whose_target_does_not_exist_yet() {
+        let dir = std::env::temp_dir().join(format!("ndmem-links-{}", std::process::id()));
+        fs::create_dir_all(dir.join("sub")).unwrap();
+        let report = dir.join("out.json");
+        // A relative target (relative to the link's directory), and a link to a link.
+        std::os::unix::fs::symlink("out.json", dir.join("dangling.json")).unwrap();
+        std::os::unix::fs::symlink("../dangling.json", dir.join("sub/chain.json")).unwrap();
+        std::os::unix::fs::symlink("loop.json", dir.join("loop.json")).unwrap();
+        assert!(same_file(&dir.join("dangling.json"), &report));
+        assert!(same_file(&dir.join("sub/chain.json"), &report));
+        assert!(!same_file(&dir.join("dangling.json"), &dir.join("out.svg")));
+        assert!(
+            !same_file(&dir.join("loop.json"), &report),
+            "a loop names no file"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 

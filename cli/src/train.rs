@@ -121,6 +121,7 @@ pub fn run(options: &TrainOptions, environment: &Environment) -> Result<(), Fail
     // Everything that can fail as configuration (the limit, the device, the run's length)
     // is checked before the output paths, whose check may create --out-dir.
     let pool = Pool::try_global().map_err(|e| Failure::config(e.to_string()))?;
+    crate::env::check_physical(&environment.limits)?;
     if let Some(limit) = options.max_bytes {
         pool.set_max_bytes_by(Some(limit), "--max-bytes")
             .map_err(|e| Failure::config(format!("--max-bytes {}: {e}", ByteSize(limit))))?;

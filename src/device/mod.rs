@@ -509,7 +509,13 @@ impl Device {
         let (limit, given) = match self.limit() {
             Some(l) => {
                 let given = match (self.limit_given(), self.host_knob(l)) {
-                    // The default's host side set it: name the knob that did.
+                    // The default's host side set it: name the knob that did (not a
+                    // variable that is unset: the host pool's own default set it then).
+                    (DeviceLimit::Default, Some(ENV_MAX_BYTES))
+                        if std::env::var_os(ENV_MAX_BYTES).is_none() =>
+                    {
+                        "default: the host pool's max_bytes".into()
+                    }
                     (DeviceLimit::Default, Some(knob)) => format!("default: {knob}"),
                     (DeviceLimit::Default, None) => "default: 90% of the device".into(),
                     (given, _) => given.to_string(),

@@ -97,6 +97,15 @@ impl Owned {
         self.home().held_bytes()
     }
 
+    /// The host pool a pool block was drawn from; `None` for device and workspace memory,
+    /// which no host pool counts as a block.
+    pub(crate) fn pool_source(&self) -> Option<MemorySource> {
+        match self.home() {
+            Home::Pool(_) => Some(self.source()),
+            _ => None,
+        }
+    }
+
     /// The validity check (semantics §3, §4): one atomic load, plus a thread-token compare
     /// for workspace memory.
     #[inline(always)]
@@ -1059,10 +1068,45 @@ pub(crate) struct ScopeFigures {
     /// What the owned and borrowed memories hold of their pools: block capacities, as the
     /// pools count them.
     pub(crate) held_bytes: usize,
+    /// The owned and borrowed pool blocks by the host pool they were drawn from (a scope
+    /// may hold tensors of several): pool, bytes held, tensors. What an out-of-memory
+    /// report of one pool counts of the scope.
+    pub(crate) held_by_pool: Vec<PoolShare>,
     pub(crate) capped: bool,
     pub(crate) closed: bool,
     /// Where the owner's new memory comes from.
     pub(crate) source: MemorySource,
+}
+
+/// What a scope holds of one host pool: block capacities and tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PoolShare {
+    pub(crate) source: MemorySource,
+    pub(crate) bytes: usize,
+    pub(crate) tensors: usize,
+}
+
+/// `owned` grouped by the host pool of each block (see [`ScopeFigures::held_by_pool`]).
+fn shares<'a>(owned: impl Iterator<Item = &'a Owned>) -> Vec<PoolShare> {
+    let mut shares: Vec<PoolShare> = Vec::new();
+    for memory in owned {
+        let Some(source) = memory.pool_source() else {
+            continue;
+        };
+        let bytes = memory.held_bytes();
+        match shares.iter_mut().find(|s| s.source == source) {
+            Some(share) => {
+                share.bytes += bytes;
+                share.tensors += 1;
+            }
+            None => shares.push(PoolShare {
+                source,
+                bytes,
+                tensors: 1,
+            }),
+        }
+    }
+    shares
 }
 
 impl Owner {
@@ -1093,8 +1137,16 @@ impl Owner {
                 .iter()
                 .filter(live)
                 .map(|h| h.0.held_bytes())
-                .chain(borrowed.map(|(h, _)| h.0.held_bytes()))
+                .chain(borrowed.clone().map(|(h, _)| h.0.held_bytes()))
                 .sum(),
+            held_by_pool: shares(
+                inner
+                    .owned
+                    .iter()
+                    .filter(live)
+                    .chain(borrowed.map(|(h, _)| h))
+                    .map(|h| &**h.0),
+            ),
             capped: flags & CAPPED != 0,
             closed: flags & CLOSED != 0,
             source: self.source,

@@ -36,7 +36,7 @@ use std::sync::{Mutex, PoisonError, RwLock};
 use ndmem_alloc::{heap, HeapStats, Pool, PoolStats};
 
 use crate::device::{open_devices, Device, DeviceStats};
-use crate::memory::owner::Owner;
+use crate::memory::owner::{Owner, PoolShare};
 use crate::memory::MemorySource;
 use crate::workspace::{all_workspaces, WorkspaceStats};
 
@@ -410,11 +410,20 @@ fn take(pools: Vec<(String, &'static Pool)>) -> Snapshot {
 
 /// The scope tree from the root, with observed peaks updated.
 fn scopes() -> Vec<ScopeSnapshot> {
-    scopes_with_source().into_iter().map(|(s, _)| s).collect()
+    scopes_with_source().into_iter().map(|e| e.scope).collect()
 }
 
-/// [`scopes`] with each scope's memory source.
-pub(crate) fn scopes_with_source() -> Vec<(ScopeSnapshot, MemorySource)> {
+/// A scope of [`scopes_with_source`].
+pub(crate) struct ScopeEntry {
+    pub(crate) scope: ScopeSnapshot,
+    /// Where its new memory comes from.
+    pub(crate) source: MemorySource,
+    /// What it holds of each host pool (its tensors may come from several).
+    pub(crate) held_by_pool: Vec<PoolShare>,
+}
+
+/// [`scopes`] with each scope's memory source and what it holds of each pool.
+pub(crate) fn scopes_with_source() -> Vec<ScopeEntry> {
     // The walk is taken under the lock, so that figures read before a reset are never
     // folded into the peaks after it (a peak is never raised after the fact).
     let mut peaks = SCOPE_PEAKS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -439,7 +448,11 @@ pub(crate) fn scopes_with_source() -> Vec<(ScopeSnapshot, MemorySource)> {
                 capped: f.capped,
                 closed: f.closed,
             };
-            (scope, f.source)
+            ScopeEntry {
+                scope,
+                source: f.source,
+                held_by_pool: f.held_by_pool,
+            }
         })
         .collect();
     out

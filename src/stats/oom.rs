@@ -15,7 +15,7 @@ use ndmem_alloc::{
     ENV_MAX_DEVICE_BYTES,
 };
 
-use super::{scopes_with_source, trace, ScopeSnapshot};
+use super::{scopes_with_source, trace, ScopeEntry};
 use crate::error::{Error, Holder, HolderKind, OomReport};
 use crate::memory::MemorySource;
 use crate::workspace::{all_workspaces_with_source, WorkspaceEntry};
@@ -96,14 +96,27 @@ fn build(error: AllocError) -> OomReport {
         }
     }
     let mut best_scope: Option<(String, usize, usize)> = None;
-    for (s, _) in scopes.iter().filter(|(_, source)| of_pool(source)) {
-        // Held bytes (block capacities), as the pool in the header counts them.
-        if s.held_bytes > 0 {
-            if !s.closed && s.depth > 0 && s.held_bytes > best_scope.as_ref().map_or(0, |b| b.1) {
-                best_scope = Some((s.name.clone(), s.held_bytes, s.tensors));
+    for entry in &scopes {
+        let s = &entry.scope;
+        // Held bytes (block capacities) of the refusing pool, as the pool in the header
+        // counts them: a scope may hold tensors of other pools, which closing it would not
+        // give back to this one.
+        let (held, tensors) = entry
+            .held_by_pool
+            .iter()
+            .filter(|share| of_pool(&share.source))
+            .fold((0, 0), |(b, t), share| (b + share.bytes, t + share.tensors));
+        if held > 0 {
+            if !s.closed && s.depth > 0 && held > best_scope.as_ref().map_or(0, |b| b.1) {
+                best_scope = Some((s.name.clone(), held, tensors));
             }
             // A borrowed tensor is held here until this scope closes (then it goes back).
-            let detail = if s.borrowed > 0 {
+            let detail = if tensors != s.tensors + s.borrowed {
+                format!(
+                    "{tensors} of its {} tensors (the others are not this pool's)",
+                    s.tensors + s.borrowed
+                )
+            } else if s.borrowed > 0 {
                 format!(
                     "{} tensors, {} borrowed ({})",
                     s.tensors,
@@ -116,7 +129,7 @@ fn build(error: AllocError) -> OomReport {
             holders.push(Holder {
                 kind: HolderKind::Scope,
                 name: format!("[{}]", s.name),
-                bytes: s.held_bytes,
+                bytes: held,
                 detail,
             });
         }
@@ -217,7 +230,7 @@ fn device_report(ordinal: u32, by_use: ndmem_alloc::Holders, error: AllocError) 
 fn refusing_pool(
     error: &AllocError,
     workspaces: &[WorkspaceEntry],
-    scopes: &[(ScopeSnapshot, MemorySource)],
+    scopes: &[ScopeEntry],
 ) -> (Option<usize>, Option<&'static Pool>) {
     if let AllocError::OutOfMemory { variable, .. } = error {
         if *variable == ENV_MAX_BYTES {
@@ -238,7 +251,12 @@ fn refusing_pool(
     let pool = registered
         .into_iter()
         .chain(workspaces.iter().map(|w| w.source))
-        .chain(scopes.iter().map(|(_, s)| *s))
+        .chain(scopes.iter().map(|e| e.source))
+        .chain(
+            scopes
+                .iter()
+                .flat_map(|e| e.held_by_pool.iter().map(|h| h.source)),
+        )
         .map(|s| s.pool())
         .find(|p| p.id() == address);
     (Some(address), pool)

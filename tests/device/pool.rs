@@ -206,4 +206,14 @@ fn describe_names_the_side_of_the_default_limit_that_set_it() {
         small.describe(),
         "sim:4 simulated device, 1.00 GiB, limit 921.6 MiB (default: 90% of the device)"
     );
+    // The global pool's limit, with NDMEM_MAX_BYTES unset, is its own default (1/2 of RAM):
+    // the line does not name a variable nobody set.
+    let global = ndmem::MemorySource::global();
+    let big = device::sim(device::SimConfig::new(6).total_memory(1 << 50).host(global)).unwrap();
+    let expected = if std::env::var_os("NDMEM_MAX_BYTES").is_some() {
+        "(default: NDMEM_MAX_BYTES)"
+    } else {
+        "(default: the host pool's max_bytes)"
+    };
+    assert!(big.describe().ends_with(expected), "{}", big.describe());
 }

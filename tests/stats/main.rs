@@ -739,6 +739,50 @@ fn a_refusal_by_a_pool_nothing_draws_on_names_no_other_pools_holders() {
 }
 
 #[test]
+fn an_oom_report_counts_what_each_scope_holds_of_the_refusing_pool_only() {
+    // Semantics §7: a scope may hold tensors of several pools (attach takes any); the
+    // report of one pool's refusal lists a scope by what it holds of that pool, and its
+    // advice names the scope whose close would give that pool memory back.
+    let small = own_source(1 << 20);
+    let large = own_source(64 << 20);
+    let keeper = Scope::new_base_in("holds-small-blocks", large);
+    let other = Scope::new_base_in("holds-large-blocks", small);
+    let of_small = Tensor::zeros_in(&small, DType::U8, &[768 << 10]).unwrap();
+    keeper.attach(&of_small).unwrap();
+    let of_large = Tensor::zeros_in(&large, DType::U8, &[4 << 20]).unwrap();
+    other.attach(&of_large).unwrap();
+    let extra = Tensor::zeros_in(&small, DType::U8, &[16 << 10]).unwrap();
+    other.attach(&extra).unwrap();
+    drop((of_small, of_large, extra));
+    let err = other.zeros(DType::U8, &[512 << 10]).unwrap_err();
+    let report = err
+        .oom_report()
+        .expect("a refusal at the small pool's limit");
+    let text = report.to_string();
+    let scope = |name: &str| {
+        report
+            .holders
+            .iter()
+            .find(|h| h.kind == HolderKind::Scope && h.name == format!("[{name}]"))
+            .unwrap_or_else(|| panic!("{name} is not listed: {text}"))
+    };
+    assert_eq!(scope("holds-small-blocks").bytes, 768 << 10, "{text}");
+    let mixed = scope("holds-large-blocks");
+    assert_eq!(
+        mixed.bytes,
+        16 << 10,
+        "only its block of the small pool: {text}"
+    );
+    assert!(mixed.detail.contains("1 of its 2 tensors"), "{text}");
+    assert!(
+        text.contains("close scope [holds-small-blocks]"),
+        "the advice names the scope that holds this pool's memory: {text}"
+    );
+    keeper.close().unwrap();
+    other.close().unwrap();
+}
+
+#[test]
 fn an_oom_report_sees_the_spills_of_another_threads_running_cycle() {
     // Semantics §7: a spill is published when it happens, so the report of a refusal on
     // one thread lists what another thread's running cycle spilled, and does not count

@@ -98,3 +98,25 @@ fn a_device_variable_of_0_is_shown_as_no_limit() {
         "{line}"
     );
 }
+
+#[test]
+fn train_refuses_a_physical_limit_below_the_resident_set_before_any_work() {
+    // `ndmem limits` reports under it (above); a training run would fail at its first pool
+    // allocation, so it is refused as configuration (exit 2), naming the variable, before
+    // the header or any report.
+    let dir = temp_dir("train-physical");
+    let out = ndmem(
+        &dir,
+        &["--steps", "2", "--out-dir", "out"],
+        &[("NDMEM_MAX_PHYSICAL_BYTES", "1M")],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty(), "no work: {}", text(&out.stdout));
+    assert!(
+        stderr.starts_with("ndmem: NDMEM_MAX_PHYSICAL_BYTES=\"1M\": 1.00 MiB is below")
+            && stderr.contains("resident"),
+        "{stderr}"
+    );
+    assert!(!dir.join("out").exists(), "no --out-dir was created");
+}
