@@ -32,6 +32,27 @@ use crate::memory::MemorySource;
 use crate::reclaim::{self, Pin};
 use crate::workspace::{cycle_word_passes, Stamp, StampProbe, ViewPin, WorkspaceMemory};
 
+/// Why a home's bytes could not be reached.
+#[derive(Debug)]
+pub(crate) enum Unreachable {
+    /// The memory is not live (freed, outdated, leaked): the caller's refusal says why.
+    Dead,
+    /// Device memory whose host copy could not be made: the host pool refused it (an
+    /// out-of-memory error with its report), or the device failed to copy.
+    Failed(Error),
+}
+
+impl Unreachable {
+    /// The error to return: `dead()` (the caller's refusal) for memory that is not live,
+    /// the failure itself otherwise.
+    pub(crate) fn or_refusal(self, dead: impl FnOnce() -> Error) -> Error {
+        match self {
+            Unreachable::Dead => dead(),
+            Unreachable::Failed(error) => error,
+        }
+    }
+}
+
 /// Where one tensor's bytes live (views of a tensor share its home).
 pub(crate) enum Home {
     /// Bump-allocated in a workspace; valid while its stamp says so.
@@ -215,14 +236,17 @@ impl Home {
     }
 
     /// The address and length of the bytes; for device memory the host copy's, prepared
-    /// for `access` (`None` if the device failed to copy it).
-    fn raw(&self, access: Access) -> Option<(NonNull<u8>, usize)> {
+    /// for `access` (the error if the host copy could not be made: its host pool refused
+    /// it, or the device failed to copy).
+    fn raw(&self, access: Access) -> Result<(NonNull<u8>, usize), Unreachable> {
         match self {
-            Home::Workspace(slot) => Some((slot.ptr, slot.len)),
-            Home::Pool(block) => Some((block.ptr, block.len)),
+            Home::Workspace(slot) => Ok((slot.ptr, slot.len)),
+            Home::Pool(block) => Ok((block.ptr, block.len)),
             Home::Device(home) => {
-                let ptr = home.slot.host_ptr(access).ok()?;
-                Some((NonNull::new(ptr)?, home.slot.len()))
+                let ptr = home.slot.host_ptr(access).map_err(Unreachable::Failed)?;
+                // A slice's address, never null.
+                let ptr = NonNull::new(ptr).ok_or(Unreachable::Dead)?;
+                Ok((ptr, home.slot.len()))
             }
         }
     }
@@ -234,16 +258,16 @@ impl Home {
     /// Nothing else can reach this home (nor so its bytes) while the bytes are borrowed:
     /// the caller holds the only reference to its header, exclusively.
     #[allow(clippy::mut_from_ref)] // the exclusivity is the caller's contract
-    pub(crate) unsafe fn bytes_mut_unshared(&self) -> Option<&mut [u8]> {
+    pub(crate) unsafe fn bytes_mut_unshared(&self) -> Result<&mut [u8], Unreachable> {
         if !self.is_live() {
-            return None;
+            return Err(Unreachable::Dead);
         }
         let (ptr, len) = self.raw(Access::Overwrite)?;
         // SAFETY: the memory is live (checked above) and `len` bytes long (a workspace
         // bump or a pool block of at least `len` bytes, both initialised memory); the
         // caller's contract excludes every other access through this home, the only one to
         // the bytes.
-        Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
     }
 
     /// The bytes, for as long as `pin` holds the epoch, after the caller ran this home's
@@ -253,7 +277,10 @@ impl Home {
     /// # Safety
     /// This home's check answered live on this thread after `pin` was taken.
     #[inline]
-    pub(crate) unsafe fn read_checked<'a>(&'a self, _pin: &'a Pin) -> Option<&'a [u8]> {
+    pub(crate) unsafe fn read_checked<'a>(
+        &'a self,
+        _pin: &'a Pin,
+    ) -> Result<&'a [u8], Unreachable> {
         let (ptr, len) = self.raw(Access::Read)?;
         // SAFETY: the check (the probe decides as `is_live` does wherever it passes) passed
         // under `pin` on this thread (the caller's contract), so the memory is live: a pool
@@ -264,7 +291,7 @@ impl Home {
         // alive and its slot out of the ring's reuse, so no cycle writes the bytes while we
         // read. Shared homes are written only through `write_unshared`, whose caller proves
         // no reader exists.
-        Some(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) })
+        Ok(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) })
     }
 
     /// The bytes, writable, if live, for as long as `pin` holds the epoch.
@@ -275,21 +302,24 @@ impl Home {
     /// references that never touch the bytes, such as scopes', may exist).
     // `&mut` from `&self`: the exclusivity is the caller's to prove (the contract above).
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn write_unshared<'a>(&'a self, _pin: &'a Pin) -> Option<&'a mut [u8]> {
+    pub(crate) unsafe fn write_unshared<'a>(
+        &'a self,
+        _pin: &'a Pin,
+    ) -> Result<&'a mut [u8], Unreachable> {
         if !self.is_live() {
-            return None;
+            return Err(Unreachable::Dead);
         }
         let (ptr, len) = self.raw(Access::ReadWrite)?;
         // SAFETY: the memory is live (see `read_checked`); the caller guarantees no other access
         // for the borrow's life; if the owner frees the block concurrently, `_pin` keeps it
         // allocated until this borrow, bound to it, ends.
-        Some(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
     }
 
     /// The bytes for a borrowed view, if live, kept from being freed until the returned
     /// hold drops, without an epoch pin (so a long-lived view stalls no reclamation): a
     /// pool block by its view count, workspace memory by the workspace's view pin.
-    pub(crate) fn hold_for_view(&self) -> Option<(ViewHold<'_>, &[u8])> {
+    pub(crate) fn hold_for_view(&self) -> Result<(ViewHold<'_>, &[u8]), Unreachable> {
         let hold = match self {
             Home::Pool(block) => match block.handoff.enter_view() {
                 ViewEntry::Granted => ViewHold::Pool(block),
@@ -297,12 +327,12 @@ impl Home {
                     if free_now {
                         block.release();
                     }
-                    return None;
+                    return Err(Unreachable::Dead);
                 }
             },
             Home::Workspace(slot) => {
                 if !slot.stamp.is_valid() {
-                    return None;
+                    return Err(Unreachable::Dead);
                 }
                 ViewHold::Workspace(slot.stamp.pin_view())
             }
@@ -310,7 +340,7 @@ impl Home {
                 // The device memory is given back only when the home drops, which a
                 // view (borrowing a handle) outlives never.
                 ViewEntry::Granted => ViewHold::Device(&home.handoff),
-                ViewEntry::Refused { .. } => return None,
+                ViewEntry::Refused { .. } => return Err(Unreachable::Dead),
             },
         };
         // A device that fails to copy its bytes to the host: the view is given back.
@@ -322,7 +352,7 @@ impl Home {
         // destroys. Shared homes are written only through `write_unshared`, whose caller
         // holds the only handle, and a view borrows one.
         let bytes = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) };
-        Some((hold, bytes))
+        Ok((hold, bytes))
     }
 
     /// The owner frees the memory: later checks fail; readers pinned before keep it until

@@ -30,7 +30,7 @@ use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use crate::error::{Error, Result};
-use crate::memory::home::{Home, Probe, ViewHold};
+use crate::memory::home::{Home, Probe, Unreachable, ViewHold};
 use crate::memory::MemorySource;
 use crate::reclaim::Pin;
 use crate::workspace::Stamp;
@@ -138,7 +138,7 @@ impl Owned {
     pub(crate) fn hold_for_view(&self, op: &str, arg: &str) -> Result<(ViewHold<'_>, &[u8])> {
         self.home()
             .hold_for_view()
-            .ok_or_else(|| self.refusal(op, arg))
+            .map_err(|e| e.or_refusal(|| self.refusal(op, arg)))
     }
 
     /// The bytes, writable, after the validity check, if `this` is the only tensor handle
@@ -155,7 +155,7 @@ impl Owned {
         // tensor-side `Arc` for `'a` excludes every other reader or writer, including
         // views, which borrow a handle. Owners' references never touch the bytes.
         let bytes = unsafe { this.home().write_unshared(pin) };
-        bytes.ok_or_else(|| this.refusal(op, "X"))
+        bytes.map_err(|e| e.or_refusal(|| this.refusal(op, "X")))
     }
 
     /// The memory behind `handle`, checked live, if `handle` is its only tensor handle;
@@ -404,7 +404,8 @@ impl Handle {
             // SAFETY: this header's home's check (its probe, or the home itself where the
             // probe cannot tell) answered live just now, on this thread, under `pin` (taken
             // by the caller before this call).
-            unsafe { self.home().read_checked(pin) }.ok_or_else(|| self.refusal(op, arg))
+            unsafe { self.home().read_checked(pin) }
+                .map_err(|e| e.or_refusal(|| self.refusal(op, arg)))
         } else {
             Err(self.refusal(op, arg))
         }
@@ -479,7 +480,7 @@ impl Fresh {
 
     /// The bytes, writable, if the memory is live.
     #[inline]
-    pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+    pub(crate) fn bytes_mut(&mut self) -> Result<&mut [u8], Unreachable> {
         let owned = self
             .header
             .as_ref()

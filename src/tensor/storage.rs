@@ -106,13 +106,13 @@ impl NewStorage {
         self.fresh.owned().check(op, "Z")?;
         // Live a moment ago, on this thread, and not shared: it still is (the error is
         // only for a cycle that ended in between, which nothing here does).
-        self.fresh
-            .bytes_mut()
-            .ok_or_else(|| Error::LeakedWorkspacePointer {
+        self.fresh.bytes_mut().map_err(|e| {
+            e.or_refusal(|| Error::LeakedWorkspacePointer {
                 op: op.into(),
                 arg: "Z".into(),
                 workspace: "?".into(),
             })
+        })
     }
 
     /// Shares the memory (in a recycled header when this thread has one), handing it to

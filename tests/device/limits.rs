@@ -574,3 +574,37 @@ fn at_the_limit_the_device_waits_out_a_pin_that_holds_its_frees_for_300_ms() {
     drop(second);
     pinner.join().unwrap();
 }
+
+#[test]
+fn a_host_pool_refusing_a_device_tensors_host_copy_is_an_out_of_memory_error() {
+    // Semantics §5.8: host operations on a device tensor work after one download into its
+    // host pool; a host pool at its limit refuses that copy, and the error says so (an
+    // OOM with its report), not that the tensor's scope is closed: the tensor is live and
+    // readable once the host has room.
+    use ndmem::alloc::{Limits, Pool};
+    use ndmem::{DType, MemorySource, Tensor};
+    let host = MemorySource::new(Pool::new(Limits::builder().max_bytes(64 << 10).build()));
+    let gpu = device::sim(SimConfig::new(0).limit(DeviceLimit::Unlimited).host(host)).unwrap();
+    let column = Tensor::ones(DType::F32, &[256, 1])
+        .unwrap()
+        .to_device(&gpu)
+        .unwrap();
+    let row = Tensor::ones(DType::F32, &[1, 256])
+        .unwrap()
+        .to_device(&gpu)
+        .unwrap();
+    let big = column.matmul(&row).unwrap(); // 256 KiB, on the device only
+    assert!(big.is_valid());
+    for err in [
+        big.to_vec::<f32>().unwrap_err(),
+        big.view::<f32>().unwrap_err(),
+    ] {
+        assert!(err.is_out_of_memory(), "{err}");
+        assert!(err.oom_report().is_some(), "{err}");
+        assert!(!matches!(err, Error::ScopeClosed { .. }), "{err}");
+    }
+    host.pool().set_max_bytes(None).unwrap();
+    let values = big.to_vec::<f32>().unwrap();
+    assert_eq!(values.len(), 256 * 256);
+    assert!(values.iter().all(|&v| v == 1.0), "an outer product of ones");
+}
