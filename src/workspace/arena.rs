@@ -763,15 +763,23 @@ impl Arena {
     #[inline]
     fn trace_bump(&self, bytes: usize) {
         if trace::is_on() {
-            let used = self.region.offset() - self.cycles.start.get();
-            trace::record(
-                EventKind::Alloc,
-                Space::Workspace,
-                self.trace_name,
-                bytes as u64,
-                used as u64,
-            );
+            self.record_bump(bytes);
         }
+    }
+
+    /// The recording half of [`Arena::trace_bump`], out of line: the bump falls through to
+    /// its caller when the recorder is off.
+    #[cold]
+    #[inline(never)]
+    fn record_bump(&self, bytes: usize) {
+        let used = self.region.offset() - self.cycles.start.get();
+        trace::record(
+            EventKind::Alloc,
+            Space::Workspace,
+            self.trace_name,
+            bytes as u64,
+            used as u64,
+        );
     }
 
     /// The workspace's name in the timeline recorder.

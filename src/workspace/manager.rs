@@ -91,7 +91,7 @@ impl Manager {
         self.workspaces
             .borrow()
             .iter()
-            .find(|a| a.id() == id)
+            .find(|a| same_id(a.id(), id))
             .cloned()
     }
 
@@ -110,6 +110,26 @@ impl Manager {
         drop(stack);
         drop(popped);
     }
+}
+
+/// `a == b`, without a call to the C library's `memcmp` for the short ids workspaces
+/// have: the lengths, then eight bytes at a time (entering a workspace looks it up by id at
+/// every cycle).
+#[inline]
+fn same_id(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let (mut a_words, mut b_words) = (a.chunks_exact(8), b.chunks_exact(8));
+    let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+    for (x, y) in a_words.by_ref().zip(b_words.by_ref()) {
+        if word(x) != word(y) {
+            return false;
+        }
+    }
+    let (a_tail, b_tail) = (a_words.remainder(), b_words.remainder());
+    a_tail.iter().zip(b_tail).all(|(x, y)| x == y)
 }
 
 impl Drop for Manager {
@@ -626,4 +646,35 @@ pub(crate) fn allocate_tensor_in(
         return None;
     }
     Some(arena.alloc_memory(layout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_id;
+
+    #[test]
+    fn same_id_is_string_equality() {
+        let ids = [
+            "",
+            "a",
+            "BENCH",
+            "ABCDEFGH",
+            "ABCDEFGHI",
+            "WS_LAYER_0123456789",
+            "é",
+        ];
+        for a in ids {
+            for b in ids {
+                assert_eq!(same_id(a, b), a == b, "{a:?} {b:?}");
+            }
+        }
+        // A difference at each position, in the words and in the tail.
+        let base = "WS_LAYER_0123456789";
+        for at in 0..base.len() {
+            let mut other = base.as_bytes().to_vec();
+            other[at] ^= 1;
+            let other = String::from_utf8(other).unwrap();
+            assert!(!same_id(base, &other), "{other}");
+        }
+    }
 }
