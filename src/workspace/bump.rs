@@ -58,18 +58,15 @@ impl Region {
         // one after its size rounded up to the alignment. The rounding cannot overflow: a
         // Layout's size is at most `isize::MAX`, the alignment at most 4096.
         let step = self.round(size);
-        // One test for all three refusals: the bytes left (0 when the cursor is at or past
-        // `end`, and so whenever no cycle runs: `end` is 0 then) must hold `step`, and
-        // `step` must not be 0 (a zero-size request, whose `step - 1` wraps to the largest
-        // value). `step <= room` also rules out an overflow of `cursor + step`.
-        let room = self.end.get().saturating_sub(cursor as usize);
-        if step.wrapping_sub(1) >= room {
+        // `end` is 0 unless a cycle is running, so a left or destroyed workspace never
+        // passes this test.
+        let new_end = (cursor as usize).checked_add(step)?;
+        if size == 0 || new_end > self.end.get() {
             return None;
         }
         self.cursor.set(cursor.wrapping_add(step));
-        // SAFETY: `0 < step <= room` makes `cursor < cursor + step <= end`, so `end > 0`:
-        // a cycle runs, whose region `[cursor, end)` lies inside the live buffer; `cursor`
-        // is in it, and not null.
+        // SAFETY: `cursor < new_end <= end`, and whenever `end > 0` the region
+        // `[cursor, end)` lies inside the live buffer, so `cursor` is in it and not null.
         Some(unsafe { NonNull::new_unchecked(cursor) })
     }
 
