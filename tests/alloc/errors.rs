@@ -1,5 +1,7 @@
 //! Bad input and the out-of-memory error: refusals that change nothing and say why.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use ndmem_alloc::{AllocError, ByteSize, Usage};
 
 use crate::{pool_with, stats_without_rss, this_thread_os_id, MIB};
@@ -61,6 +63,32 @@ fn bad_requests_are_errors_that_change_nothing() {
         );
     }
     assert_eq!(unlimited.stats().used_bytes, 0, "nothing kept reserved");
+    // Near the 4 EiB budget an unlimited pool counts against: refused as above, before
+    // the budget (whose refusal would run the relief: reclaimers, trims, a retry), and a
+    // reservation cannot drain it (after which every request was refused at a limit the
+    // pool does not have).
+    static RECLAIMED: AtomicUsize = AtomicUsize::new(0);
+    unlimited.register_reclaimer(|| {
+        RECLAIMED.fetch_add(1, Ordering::Relaxed);
+        0
+    });
+    drop(unlimited.allocate(64 << 10, 64).unwrap());
+    let cached = unlimited.stats().cached_bytes;
+    assert!(cached > 0);
+    for size in [1 << 62, (1 << 62) - 4096] {
+        let err = unlimited.allocate(size, 1).unwrap_err();
+        assert!(matches!(err, AllocError::InvalidLayout { .. }), "{err:?}");
+        let err = unlimited.reserve(size, Usage::Other).unwrap_err();
+        assert!(matches!(err, AllocError::InvalidLayout { .. }), "{err:?}");
+    }
+    assert_eq!(RECLAIMED.load(Ordering::Relaxed), 0, "no relief ran");
+    assert_eq!(
+        unlimited.stats().cached_bytes,
+        cached,
+        "no cache was trimmed"
+    );
+    assert_eq!(unlimited.stats().alloc_retries, 0);
+    unlimited.allocate(64, 8).expect("still unlimited");
 }
 
 #[test]

@@ -90,6 +90,11 @@ pub fn os_thread_id() -> u64 {
     thread_id()
 }
 
+/// Whether `bytes` is more than one [`Block`] can hold (16 PiB: its length has 54 bits).
+fn beyond_any_block(bytes: usize) -> bool {
+    bytes >> (usize::BITS - block::LEN_SHIFT) != 0
+}
+
 fn thread_cache_bound(limit: Option<usize>) -> usize {
     limit.unwrap_or_else(physical_ram) / 4
 }
@@ -292,6 +297,12 @@ impl Pool {
         }
         let core = &*self.core;
         core.check_config()?;
+        if beyond_any_block(bytes) && core.limit_bytes().is_none() {
+            // No limit to refuse it first: a count this large could only drain the budget
+            // an unlimited pool counts against (4 EiB), after which it would refuse
+            // everything at a limit it does not have.
+            return Err(invalid(bytes, 1, class::BEYOND_ANY_BLOCK));
+        }
         core.take_budget(bytes, bytes, None)?;
         core.budget.note_peak();
         core.count_live(bytes, usage, false);
@@ -397,6 +408,11 @@ impl Pool {
                 local::with_slot(core, |slot| slot.take(c, capacity, &core.local));
             }
         }
+        if beyond_any_block(capacity) && core.limit_bytes().is_none() {
+            // No limit to refuse it first: refused before the budget, whose refusal would
+            // run the relief (reclaimers, trims) for a request nothing can serve.
+            return Err(class::invalid(size, align, class::BEYOND_ANY_BLOCK));
+        }
         if let Some(ptr) = class.and_then(|c| core.take_depot(c, capacity)) {
             core.count_live(capacity, usage, true);
             self.prepare(ptr, capacity, zeroed, false);
@@ -406,7 +422,7 @@ impl Pool {
             Some(ptr) => (ptr, false),
             None => match core.take_budget(capacity, size, class)? {
                 Some(ptr) => (ptr, false),
-                None if capacity >> (usize::BITS - block::LEN_SHIFT) != 0 => {
+                None if beyond_any_block(capacity) => {
                     // Past the limits (a limited pool refuses at its limit first, as for any
                     // request too large for it): a `Block` keeps its length in 54 bits.
                     core.budget.release(capacity);
