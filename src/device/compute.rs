@@ -488,9 +488,6 @@ impl Device {
                             } else {
                                 av[i * k + p]
                             };
-                            if x == 0.0 {
-                                continue;
-                            }
                             for j in 0..n {
                                 let y = if trans_b {
                                     bv[j * k + p]

@@ -571,10 +571,12 @@ impl Tensor {
         if axis + 1 == self.ndim() {
             if let Some(x) = self.flat::<T>("log_softmax", "X", &pin)? {
                 return self.last_axis_lanes("log_softmax", out, x, |o, lane| {
+                    // (x - max) - ln(sum), in that order: max + ln(sum) first would round
+                    // ln(sum) away beside a large max (log_softmax([1e8, 1e8]) gave 0s).
                     let max = exp_less_max(o, lane);
-                    let shift = max + T::sum_slice(o).ln();
+                    let log_sum = T::sum_slice(o).ln();
                     for (o, &v) in o.iter_mut().zip(lane) {
-                        *o = v - shift;
+                        *o = (v - max) - log_sum;
                     }
                 });
             }
@@ -585,10 +587,10 @@ impl Tensor {
                 .and(x.lanes(Axis(axis)))
                 .for_each(|mut o, lane| {
                     let max = exp_less_max_lane(&mut o, &lane);
-                    let shift = max + o.sum().ln();
+                    let log_sum = o.sum().ln();
                     Zip::from(&mut o)
                         .and(&lane)
-                        .for_each(|o, &v| *o = v - shift);
+                        .for_each(|o, &v| *o = (v - max) - log_sum);
                 });
             Ok(())
         })

@@ -132,6 +132,15 @@ fn matmul_with_transposes() {
     gpu.matmul_f32(&a, &a, &mut c, 2, 3, 2, false, true)
         .unwrap();
     close(&download(&gpu, &c, 4), &[14.0, 32.0, 32.0, 77.0]);
+    // IEEE products, as the host and cuBLAS: 0 * inf and 0 * NaN are NaN, not skipped.
+    let zero_one = upload(&gpu, &[0.0, 1.0]);
+    let mut out = gpu.allocate(4).unwrap();
+    for special in [f32::INFINITY, f32::NAN] {
+        let column = upload(&gpu, &[special, 1.0]);
+        gpu.matmul_f32(&zero_one, &column, &mut out, 1, 2, 1, false, false)
+            .unwrap();
+        assert!(download(&gpu, &out, 1)[0].is_nan(), "0 * {special} + 1");
+    }
 }
 
 #[test]

@@ -360,6 +360,19 @@ fn log_softmax_matches_ndarray_and_stays_finite_where_softmax_underflows() {
     assert!(via_softmax.to_vec::<f32>().unwrap()[2].is_infinite());
     let direct = confident.log_softmax(1).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(direct, vec![-200.0, 0.0, -400.0]);
+    // Large logits: x - max - ln(sum), so ln(sum) is not rounded away beside the max.
+    let large = Tensor::from_slice(&[1e8f32, 1e8], &[2]).unwrap();
+    let half = -std::f32::consts::LN_2;
+    assert_eq!(
+        large.log_softmax(0).unwrap().to_vec::<f32>().unwrap(),
+        [half; 2]
+    );
+    let huge = Tensor::from_slice(&[1e30f64, 1e30], &[1, 2]).unwrap();
+    let strided = huge.transpose().unwrap().log_softmax(0).unwrap();
+    assert_eq!(
+        strided.to_vec::<f64>().unwrap(),
+        [-std::f64::consts::LN_2; 2]
+    );
 
     let i = Tensor::zeros(DType::I32, &[2, 3]).unwrap();
     assert!(matches!(i.log_softmax(0), Err(Error::DType { .. })));
