@@ -144,10 +144,22 @@ fn probe_dir(target: &Path) -> Result<(), String> {
     removed.map_err(|e| format!("cannot remove the probe file {}: {e}", temp.display()))
 }
 
-/// The file `path` names: through symbolic links when it exists, so a link is written
-/// through rather than replaced.
+/// The file `path` names: through symbolic links, so a link is written through rather
+/// than replaced, also when what it points to does not exist yet (the file a write through
+/// it creates; at most 40 links are followed, Linux's own bound).
 fn target(path: &Path) -> PathBuf {
-    fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+    if let Ok(full) = fs::canonicalize(path) {
+        return full;
+    }
+    let mut at = path.to_path_buf();
+    for _ in 0..40 {
+        match fs::read_link(&at) {
+            // A relative target is relative to the link's directory.
+            Ok(next) => at = parent(&at).join(next),
+            Err(_) => break,
+        }
+    }
+    at
 }
 
 /// A name beside `target` no other write of this process uses: `.NAME.ndmem-PID-N.KIND`.
@@ -251,32 +263,17 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// `path` made absolute through its existing parent directory, following a symbolic link
-/// whose target does not exist yet to that target (a file written through the link lands
-/// there).
+/// `path` made absolute through its existing parent directory, through symbolic links,
+/// also one whose target does not exist yet ([`target`]).
 fn resolve(path: &Path) -> io::Result<PathBuf> {
-    resolve_within(path, 40)
-}
-
-/// [`resolve`], following at most `links` more dangling links (Linux's own bound, 40).
-fn resolve_within(path: &Path, links: u32) -> io::Result<PathBuf> {
-    if let Ok(full) = fs::canonicalize(path) {
+    let path = target(path);
+    if let Ok(full) = fs::canonicalize(&path) {
         return Ok(full);
-    }
-    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
-        let Some(links) = links.checked_sub(1) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "too many links",
-            ));
-        };
-        // A relative target is relative to the link's directory.
-        return resolve_within(&parent(path).join(fs::read_link(path)?), links);
     }
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
-    Ok(fs::canonicalize(parent(path))?.join(name))
+    Ok(fs::canonicalize(parent(&path))?.join(name))
 }
 
 /// The directory `path` lives in (`.` for a bare file name).
@@ -395,6 +392,22 @@ mod tests {
             !same_file(&dir.join("loop.json"), &report),
             "a loop names no file"
         );
+        // Probed and written through: the link stays a link, its target gets the content.
+        std::os::unix::fs::symlink(dir.join("missing/x.json"), dir.join("nowhere.json")).unwrap();
+        assert!(
+            probe(&dir.join("nowhere.json")).is_err(),
+            "its directory is missing"
+        );
+        probe(&dir.join("sub/chain.json")).unwrap();
+        let file = OutputFile {
+            label: "--json".into(),
+            path: &dir.join("sub/chain.json"),
+            content: b"{}",
+        };
+        write_files(&[file]).unwrap();
+        assert_eq!(fs::read_to_string(&report).unwrap(), "{}");
+        let link = fs::symlink_metadata(dir.join("sub/chain.json")).unwrap();
+        assert!(link.file_type().is_symlink(), "not replaced by a file");
         fs::remove_dir_all(&dir).unwrap();
     }
 

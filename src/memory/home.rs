@@ -244,8 +244,14 @@ impl Home {
             Home::Pool(block) => Ok((block.ptr, block.len)),
             Home::Device(home) => {
                 let ptr = home.slot.host_ptr(access).map_err(Unreachable::Failed)?;
-                // A slice's address, never null.
-                let ptr = NonNull::new(ptr).ok_or(Unreachable::Dead)?;
+                // A slice's address, never null; should it be, that is the copy's failure
+                // (the tensor is live: not a refusal naming its owner).
+                let ptr = NonNull::new(ptr).ok_or_else(|| {
+                    Unreachable::Failed(Error::Device {
+                        device: home.slot.device().ordinal(),
+                        message: "the host copy has no address".into(),
+                    })
+                })?;
                 Ok((ptr, home.slot.len()))
             }
         }

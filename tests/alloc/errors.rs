@@ -89,6 +89,20 @@ fn bad_requests_are_errors_that_change_nothing() {
     );
     assert_eq!(unlimited.stats().alloc_retries, 0);
     unlimited.allocate(64, 8).expect("still unlimited");
+    // Nor can many smaller reservations: the one that would pass the 4 EiB is refused as
+    // more than any pool can hold, without relief, and the pool still serves.
+    let held: Vec<_> = std::iter::from_fn(|| unlimited.reserve(1 << 53, Usage::Other).ok())
+        .take(1024)
+        .collect();
+    assert!(held.len() < 512, "{} reservations of 8 PiB", held.len());
+    let err = unlimited.reserve(1 << 53, Usage::Other).unwrap_err();
+    assert!(
+        err.to_string().contains("more than any pool can hold"),
+        "{err}"
+    );
+    assert_eq!(RECLAIMED.load(Ordering::Relaxed), 0, "no relief ran");
+    unlimited.allocate(64, 8).expect("still serves");
+    drop(held);
 }
 
 #[test]

@@ -822,6 +822,12 @@ impl Core {
                         self.physical_error(requested, rss)
                     }
                 },
+                // No byte limit: the budget refused at the 4 EiB it counts against, which
+                // only reservations adding up to that much can reach. No limit to relieve,
+                // and none to name: nothing could ever serve it.
+                Err(e) if e.limit >= UNLIMITED => {
+                    return Err(class::invalid(requested, 1, class::BEYOND_ANY_POOL))
+                }
                 Err(e) => self.out_of_memory(requested, capacity, e.used, e.limit),
             };
             if rounds == RELIEF_ROUNDS || !progress {
