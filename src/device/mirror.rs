@@ -164,6 +164,15 @@ impl Mirror {
         self.len
     }
 
+    /// What its host copy holds of its host pool as a pool block (the block's capacity);
+    /// 0 before the copy is made, and for a pinned copy.
+    pub(crate) fn pooled_host_bytes(&self) -> usize {
+        match &self.host {
+            Some(HostCopy::Pooled(block)) => block.capacity(),
+            _ => 0,
+        }
+    }
+
     /// Whether it is empty (never: at least one byte).
     pub fn is_empty(&self) -> bool {
         self.len == 0

@@ -511,9 +511,7 @@ impl Device {
                 let given = match (self.limit_given(), self.host_knob(l)) {
                     // The default's host side set it: name the knob that did (not a
                     // variable that is unset: the host pool's own default set it then).
-                    (DeviceLimit::Default, Some(ENV_MAX_BYTES))
-                        if std::env::var_os(ENV_MAX_BYTES).is_none() =>
-                    {
+                    (DeviceLimit::Default, Some(ENV_MAX_BYTES)) if !set_in_environment(l) => {
                         "default: the host pool's max_bytes".into()
                     }
                     (DeviceLimit::Default, Some(knob)) => format!("default: {knob}"),
@@ -748,4 +746,13 @@ pub(crate) fn open_devices() -> Vec<Device> {
         .iter()
         .filter_map(|d| d.upgrade().map(|inner| Device { inner }))
         .collect()
+}
+
+/// Whether the global pool's limit `limit` is the one `NDMEM_MAX_BYTES` sets (not its
+/// default, nor a limit set in code).
+fn set_in_environment(limit: usize) -> bool {
+    ndmem_alloc::Limits::from_env().is_ok_and(|env| {
+        env.sources.max_bytes == ndmem_alloc::LimitSource::Environment
+            && env.max_bytes == Some(limit)
+    })
 }

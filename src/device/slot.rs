@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::mirror::{HostAccess, Mirror};
@@ -22,6 +23,10 @@ pub(crate) struct DeviceSlot {
     device: Device,
     len: usize,
     mirror: Mutex<Mirror>,
+    /// The host copy's pool block capacity once it is made (0 before; the copy is never
+    /// replaced), readable without the mirror's lock: what a scope holding this tensor
+    /// holds of the host pool (semantics §7).
+    host_held: AtomicUsize,
 }
 
 impl DeviceSlot {
@@ -31,6 +36,7 @@ impl DeviceSlot {
             device: device.clone(),
             len,
             mirror: Mutex::new(Mirror::for_device_output(device, len)?),
+            host_held: AtomicUsize::new(0),
         })
     }
 
@@ -47,6 +53,7 @@ impl DeviceSlot {
         Ok(DeviceSlot {
             device: device.clone(),
             len,
+            host_held: AtomicUsize::new(mirror.pooled_host_bytes()),
             mirror: Mutex::new(mirror),
         })
     }
@@ -67,7 +74,16 @@ impl DeviceSlot {
 
     /// The host copy's address, prepared for `access` (downloaded first if stale).
     pub(crate) fn host_ptr(&self, access: HostAccess) -> Result<*mut u8> {
-        self.mirror().host_ptr(access)
+        let mut mirror = self.mirror();
+        let ptr = mirror.host_ptr(access);
+        self.host_held
+            .store(mirror.pooled_host_bytes(), Ordering::Relaxed);
+        ptr
+    }
+
+    /// What the host copy holds of the device's host pool (see the field).
+    pub(crate) fn host_held(&self) -> usize {
+        self.host_held.load(Ordering::Relaxed)
     }
 
     /// The device range, current (uploaded first if stale); the newest write if `write`.

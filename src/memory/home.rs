@@ -202,6 +202,20 @@ impl Home {
         }
     }
 
+    /// The host pool block this home holds and its capacity, if it holds one: a pool
+    /// block, or a device tensor's host copy once made (device memory and workspace memory
+    /// are no host pool's blocks).
+    pub(crate) fn pool_share(&self) -> Option<(MemorySource, usize)> {
+        match self {
+            Home::Pool(block) => Some((block.source, block.capacity)),
+            Home::Device(home) => {
+                let held = home.slot.host_held();
+                (held > 0).then(|| (home.slot.device().host_source(), held))
+            }
+            Home::Workspace(_) => None,
+        }
+    }
+
     /// The source the bytes were drawn from: the pool block's, or the workspace's.
     pub(crate) fn source(&self) -> MemorySource {
         match self {

@@ -97,13 +97,10 @@ impl Owned {
         self.home().held_bytes()
     }
 
-    /// The host pool a pool block was drawn from; `None` for device and workspace memory,
-    /// which no host pool counts as a block.
-    pub(crate) fn pool_source(&self) -> Option<MemorySource> {
-        match self.home() {
-            Home::Pool(_) => Some(self.source()),
-            _ => None,
-        }
+    /// The host pool block this memory holds, and its capacity: a pool block, or a device
+    /// tensor's host copy; `None` for workspace memory and a device tensor not yet copied.
+    pub(crate) fn pool_share(&self) -> Option<(MemorySource, usize)> {
+        self.home().pool_share()
     }
 
     /// The validity check (semantics §3, §4): one atomic load, plus a thread-token compare
@@ -1091,10 +1088,9 @@ pub(crate) struct PoolShare {
 fn shares<'a>(owned: impl Iterator<Item = &'a Owned>) -> Vec<PoolShare> {
     let mut shares: Vec<PoolShare> = Vec::new();
     for memory in owned {
-        let Some(source) = memory.pool_source() else {
+        let Some((source, bytes)) = memory.pool_share() else {
             continue;
         };
-        let bytes = memory.held_bytes();
         match shares.iter_mut().find(|s| s.source == source) {
             Some(share) => {
                 share.bytes += bytes;

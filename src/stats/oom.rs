@@ -111,7 +111,7 @@ fn build(error: AllocError) -> OomReport {
                 best_scope = Some((s.name.clone(), held, tensors));
             }
             // A borrowed tensor is held here until this scope closes (then it goes back).
-            let detail = if tensors != s.tensors + s.borrowed {
+            let detail = if refused.is_some() && tensors != s.tensors + s.borrowed {
                 format!(
                     "{tensors} of its {} tensors (the others are not this pool's)",
                     s.tensors + s.borrowed

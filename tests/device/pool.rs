@@ -210,10 +210,16 @@ fn describe_names_the_side_of_the_default_limit_that_set_it() {
     // the line does not name a variable nobody set.
     let global = ndmem::MemorySource::global();
     let big = device::sim(device::SimConfig::new(6).total_memory(1 << 50).host(global)).unwrap();
-    let expected = if std::env::var_os("NDMEM_MAX_BYTES").is_some() {
-        "(default: NDMEM_MAX_BYTES)"
-    } else {
-        "(default: the host pool's max_bytes)"
+    let from_env = ndmem::alloc::Limits::from_env().unwrap();
+    let expected = match global.pool().limits().0 {
+        None => "(default: 90% of the device)",
+        Some(l)
+            if from_env.max_bytes == Some(l)
+                && from_env.sources.max_bytes == ndmem::alloc::LimitSource::Environment =>
+        {
+            "(default: NDMEM_MAX_BYTES)"
+        }
+        Some(_) => "(default: the host pool's max_bytes)",
     };
     assert!(big.describe().ends_with(expected), "{}", big.describe());
 }

@@ -783,6 +783,43 @@ fn an_oom_report_counts_what_each_scope_holds_of_the_refusing_pool_only() {
 }
 
 #[test]
+fn an_oom_report_counts_the_host_copies_of_a_scopes_device_tensors() {
+    // Semantics §7: a device tensor's host copy is a block of the device's host pool;
+    // a scope that holds the tensor holds that block, which closing the scope frees.
+    let host = own_source(2 << 20);
+    let gpu = ndmem::device::sim(
+        ndmem::device::SimConfig::new(0)
+            .limit(ndmem::device::DeviceLimit::Unlimited)
+            .host(host),
+    )
+    .unwrap();
+    let scope = Scope::new_base_in("holds-device-tensors", host);
+    let on_device = Tensor::zeros_in(&host, DType::U8, &[512 << 10])
+        .unwrap()
+        .to_device(&gpu)
+        .unwrap();
+    scope.attach(&on_device).unwrap();
+    drop(on_device);
+    // The upload's host tensor is gone; its copy on the host stays with the device tensor.
+    let err = Tensor::zeros_in(&host, DType::U8, &[1792 << 10]).unwrap_err();
+    let report = err
+        .oom_report()
+        .expect("a refusal at the host pool's limit");
+    let text = report.to_string();
+    let holder = report
+        .holders
+        .iter()
+        .find(|h| h.kind == HolderKind::Scope && h.name == "[holds-device-tensors]")
+        .unwrap_or_else(|| panic!("the scope is not listed: {text}"));
+    assert_eq!(holder.bytes, 512 << 10, "its tensor's host copy: {text}");
+    assert!(
+        text.contains("close scope [holds-device-tensors]"),
+        "{text}"
+    );
+    scope.close().unwrap();
+}
+
+#[test]
 fn an_oom_report_sees_the_spills_of_another_threads_running_cycle() {
     // Semantics §7: a spill is published when it happens, so the report of a refusal on
     // one thread lists what another thread's running cycle spilled, and does not count
