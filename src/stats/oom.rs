@@ -73,11 +73,13 @@ fn build(error: AllocError) -> OomReport {
         let (thread, w) = (&entry.thread, &entry.stats);
         let held = w.size + w.spilled_bytes + w.pinned_bytes;
         // Another thread's running cycle publishes its bump offset only at its end: its
-        // buffer counts as in use, not as idle.
-        if !w.open || entry.mine {
+        // buffer counts as in use, not as idle. A ring's slots may be held by tensors kept
+        // from earlier cycles (a prefetcher's batches), which its figures do not tell:
+        // neither idle, nor freed by destroying it, is claimed for a circular workspace.
+        if (!w.open || entry.mine) && !w.circular {
             idle_buffers += w.size.saturating_sub(w.used);
         }
-        if !w.open && held > best_idle.as_ref().map_or(0, |b| b.1) {
+        if !w.open && !w.circular && held > best_idle.as_ref().map_or(0, |b| b.1) {
             best_idle = Some((format!("[{}] of thread {thread}", w.id), held));
         }
         if held > 0 {
@@ -86,11 +88,16 @@ fn build(error: AllocError) -> OomReport {
                 name: format!("[{}] on thread {thread}", w.id),
                 bytes: held,
                 detail: format!(
-                    "buffer {}, spilled {}, pinned {}{}",
+                    "buffer {}, spilled {}, pinned {}{}{}",
                     ByteSize(w.size),
                     ByteSize(w.spilled_bytes),
                     ByteSize(w.pinned_bytes),
-                    if w.open { ", open" } else { ", not open" }
+                    if w.open { ", open" } else { ", not open" },
+                    if w.circular {
+                        ", circular: its slots are freed when the tensors kept from them drop"
+                    } else {
+                        ""
+                    }
                 ),
             });
         }

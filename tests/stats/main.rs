@@ -820,6 +820,42 @@ fn an_oom_report_counts_the_host_copies_of_a_scopes_device_tensors() {
 }
 
 #[test]
+fn an_oom_report_calls_no_ring_idle_whose_slots_tensors_hold() {
+    // Semantics §7: tensors kept from a circular workspace's earlier cycles (as a
+    // prefetcher's batches are) hold its slots; the report lists the ring but neither
+    // counts its buffer as unused nor advises destroying it, which would free nothing.
+    let source = own_source(1 << 20);
+    let config = WorkspaceConfig::builder()
+        .initial_size(256 << 10)
+        .overallocation_limit(3.0)
+        .policy_reset(ndmem::ResetPolicy::EndOfBuffer)
+        .source(source)
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    let kept: Vec<Tensor> = (0..4)
+        .map(|_| {
+            let _g = ws.get_and_activate(&config, "KEPT_RING").unwrap();
+            Tensor::zeros(DType::U8, &[32 << 10]).unwrap()
+        })
+        .collect();
+    let err = Tensor::zeros_in(&source, DType::U8, &[900 << 10]).unwrap_err();
+    let report = err.oom_report().expect("a refusal at the limit");
+    let text = report.to_string();
+    let ring = report
+        .holders
+        .iter()
+        .find(|h| h.kind == HolderKind::Workspace && h.name.starts_with("[KEPT_RING]"))
+        .unwrap_or_else(|| panic!("the ring is listed: {text}"));
+    assert!(ring.detail.contains("circular"), "{text}");
+    assert_eq!(report.fragmentation_bytes, 0, "{text}");
+    assert!(!text.contains("destroy workspace [KEPT_RING]"), "{text}");
+    assert!(kept.iter().all(Tensor::is_valid));
+    drop(kept);
+    ws.destroy("KEPT_RING").unwrap();
+}
+
+#[test]
 fn an_oom_report_sees_the_spills_of_another_threads_running_cycle() {
     // Semantics §7: a spill is published when it happens, so the report of a refusal on
     // one thread lists what another thread's running cycle spilled, and does not count
