@@ -4,6 +4,8 @@
 //! - `alloc/<impl>/<size>`: one allocation of 64 B .. 64 KiB, written to (a byte per page and
 //!   the last byte) and black-boxed. Arenas are reset every 100 allocations, which adds
 //!   1/100 of a cycle (enter + leave, or reset) to each figure.
+//! - `alloc_page_aligned/<impl>/4096`: the same at 4 KiB with every block aligned to a page
+//!   (the workspace's alignment 4096): equal work for all three (see `per_allocation`).
 //! - `cycle_1000x4KiB/<impl>`: a whole cycle of 1000 allocations of 4 KiB, each written,
 //!   then everything released (guard drop, reset, or 1000 frees).
 //! - `enter_leave/workspace`: entering and leaving a learned workspace (an empty cycle).
@@ -42,20 +44,37 @@ fn touch(ptr: NonNull<u8>, size: usize) {
 }
 
 fn learned_config(cycle_bytes: usize) -> WorkspaceConfig {
+    learned_config_aligned(cycle_bytes, 16)
+}
+
+fn learned_config_aligned(cycle_bytes: usize, alignment: usize) -> WorkspaceConfig {
     WorkspaceConfig::builder()
         .initial_size(cycle_bytes)
+        .alignment(alignment)
         .policy_allocation(AllocationPolicy::Strict)
         .build()
         .expect("a valid configuration")
 }
 
 fn per_allocation(c: &mut Criterion) {
-    let mut group = c.benchmark_group("alloc");
-    for size in SIZES {
-        let layout = Layout::from_size_align(size, 16).unwrap();
+    allocations(c, "alloc", &SIZES, 16);
+    // The same work for all three at 4 KiB: blocks that start a page. Aligned to 16, a
+    // bumpalo block starts 4048 bytes into a page and a bump-scope one 48 bytes in (their
+    // chunk headers), so a block's last byte and the next block's first share a cache line
+    // and `touch` writes one new line a block; the workspace's blocks start pages and it
+    // writes two. Page-aligned, all three write two.
+    allocations(c, "alloc_page_aligned", &[4 << 10], 4096);
+}
+
+/// `group/<impl>/<size>` for each of `sizes`, every request aligned to `align` (the
+/// workspace's own alignment too).
+fn allocations(c: &mut Criterion, name: &str, sizes: &[usize], align: usize) {
+    let mut group = c.benchmark_group(name);
+    for &size in sizes {
+        let layout = Layout::from_size_align(size, align).unwrap();
         group.throughput(Throughput::Elements(1));
 
-        let cfg = learned_config(size * PER_CYCLE as usize);
+        let cfg = learned_config_aligned(size * PER_CYCLE as usize, align);
         group.bench_with_input(BenchmarkId::new("workspace", size), &size, |b, _| {
             let ws = workspaces();
             drop(ws.get_and_activate(&cfg, "BENCH").unwrap()); // created outside the timing
@@ -92,7 +111,7 @@ fn per_allocation(c: &mut Criterion) {
         });
 
         group.bench_with_input(BenchmarkId::new("bumpalo", size), &size, |b, _| {
-            let mut bump = bumpalo::Bump::with_capacity(size * PER_CYCLE as usize);
+            let mut bump = bumpalo::Bump::with_capacity(size * PER_CYCLE as usize + align);
             b.iter_custom(|iters| {
                 let mut elapsed = Duration::ZERO;
                 let mut left = iters;
@@ -111,7 +130,8 @@ fn per_allocation(c: &mut Criterion) {
         });
 
         group.bench_with_input(BenchmarkId::new("bump-scope", size), &size, |b, _| {
-            let mut bump: bump_scope::Bump = bump_scope::Bump::with_size(size * PER_CYCLE as usize);
+            let mut bump: bump_scope::Bump =
+                bump_scope::Bump::with_size(size * PER_CYCLE as usize + align);
             b.iter_custom(|iters| {
                 let mut elapsed = Duration::ZERO;
                 let mut left = iters;
