@@ -616,6 +616,9 @@ mod tests {
                                 .iter()
                                 .map(|b| b.as_ptr() as usize & !(SLAB - 1))
                                 .collect();
+                            // Both threads' blocks are live together: a slab given back
+                            // whole is unmapped, and a later slab may be mapped where it was.
+                            barrier.wait();
                             for block in blocks {
                                 // SAFETY: obtained above with this capacity, and used no more.
                                 unsafe { slabs.give_back(block, 64) };
