@@ -151,8 +151,15 @@ impl Arena {
             _ => 0,
         };
         check_heap_room(id, ring_refs)?;
+        // A user file is claimed (and created) only by a workspace that maps it: one with a
+        // buffer from the start (a mapped workspace never learns one), outside the debug
+        // modes, which make none.
         let claim = match config.policy_location() {
-            LocationPolicy::Mmap { path: Some(path) } => Some(claim_path(id, path)?),
+            LocationPolicy::Mmap { path: Some(path) }
+                if config.initial_size() > 0 && mode == DebugMode::Normal =>
+            {
+                Some(claim_path(id, path)?)
+            }
             _ => None,
         };
         let circular = config.is_circular();

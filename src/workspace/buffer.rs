@@ -173,17 +173,26 @@ fn map_file(
 /// the system frees it when its last descriptor and mapping are gone.
 fn temporary_file(workspace: &str) -> Result<FileClaim, Error> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "ndmem-workspace-{}-{}.bin",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(|e| file_error(workspace, &path, e))?;
+    // A name already taken (a file left by an earlier process of the same pid, or another
+    // user's) is passed over for the next: up to 64 tries.
+    let mut tries = 0;
+    let (file, path) = loop {
+        let path = std::env::temp_dir().join(format!(
+            "ndmem-workspace-{}-{}.bin",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => break (file, path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 63 => tries += 1,
+            Err(e) => return Err(file_error(workspace, &path, e)),
+        }
+    };
     // Claimed before the name goes, so that while it exists nothing else can map the file.
     let claim = claim_file(workspace, file, &path);
     let removed = std::fs::remove_file(&path).map_err(|e| file_error(workspace, &path, e));

@@ -6,6 +6,8 @@
 use std::path::PathBuf;
 
 use ndmem::workspace::MAX_RING_SLOTS;
+
+use crate::common::{child::run_alone, test_name};
 use ndmem::{
     workspaces, AllocationPolicy, Error, LearningPolicy, LocationPolicy, ResetPolicy, SpillPolicy,
     Tensor, WorkspaceConfig,
@@ -130,6 +132,76 @@ fn temporary_files_have_no_name() {
     assert_eq!(named(), 0, "the mapped temporary file has no name");
     drop(g);
     ws.destroy("TMP_NAMELESS").unwrap();
+}
+
+#[test]
+fn a_mapped_workspace_without_a_buffer_neither_creates_nor_claims_its_file() {
+    // Semantics §2.1: without an initial size (LearningPolicy::None) a mapped workspace
+    // has no buffer and every allocation spills: its file is not made, and another
+    // workspace may map it.
+    let path = scratch("unmapped.bin");
+    let spilling = WorkspaceConfig::builder()
+        .policy_learning(LearningPolicy::None)
+        .policy_location(LocationPolicy::Mmap {
+            path: Some(path.clone()),
+        })
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    let g = ws.get_and_activate(&spilling, "UNMAPPED").unwrap();
+    g.alloc(std::alloc::Layout::from_size_align(100, 16).unwrap())
+        .unwrap();
+    assert_eq!((g.stats().size, g.stats().spilled_bytes), (0, 112));
+    assert!(!path.exists(), "no file made");
+    let mapping = WorkspaceConfig::builder()
+        .initial_size(4096)
+        .policy_location(LocationPolicy::Mmap {
+            path: Some(path.clone()),
+        })
+        .build()
+        .unwrap();
+    let other = ws.get_and_activate(&mapping, "MAPS_IT").unwrap();
+    assert!(other.stats().size >= 4096, "mapped");
+    drop((g, other));
+    ws.destroy("UNMAPPED").unwrap();
+    ws.destroy("MAPS_IT").unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_temporary_file_passes_over_names_left_by_an_earlier_process() {
+    // Semantics §2.1: `Mmap { path: None }` maps a temporary file; files an earlier process
+    // of the same pid (pids are reused) left under the names it would take are passed
+    // over, not an error. Alone in a fresh process, whose names start from the first.
+    if run_alone(test_name!(
+        a_temporary_file_passes_over_names_left_by_an_earlier_process
+    )) {
+        return;
+    }
+    let stale: Vec<_> = (0..5)
+        .map(|n| {
+            let path = std::env::temp_dir()
+                .join(format!("ndmem-workspace-{}-{n}.bin", std::process::id()));
+            std::fs::write(&path, b"left behind").unwrap();
+            path
+        })
+        .collect();
+    let cfg = WorkspaceConfig::builder()
+        .initial_size(4096)
+        .policy_location(LocationPolicy::Mmap { path: None })
+        .build()
+        .unwrap();
+    let ws = workspaces();
+    let g = ws.get_and_activate(&cfg, "TMP_STALE").unwrap();
+    g.alloc(std::alloc::Layout::from_size_align(4000, 16).unwrap())
+        .unwrap();
+    assert_eq!(g.stats().spilled_bytes, 0, "mapped");
+    drop(g);
+    ws.destroy("TMP_STALE").unwrap();
+    for path in stale {
+        assert_eq!(std::fs::read(&path).unwrap(), b"left behind", "untouched");
+        std::fs::remove_file(path).unwrap();
+    }
 }
 
 #[test]
