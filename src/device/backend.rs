@@ -31,6 +31,16 @@ impl fmt::Display for BackendKind {
     }
 }
 
+/// The driver refused an allocation: its error, and whether for want of memory
+/// (`CUDA_ERROR_OUT_OF_MEMORY`, or the simulated device full), which the pool reports as
+/// an out-of-memory error of the device (semantics §5.2), not a device failure.
+#[derive(Debug)]
+pub(crate) struct DriverRefusal {
+    /// Boxed: a refusal is rare, and the `Result` of every allocation stays small.
+    pub(crate) error: Box<Error>,
+    pub(crate) out_of_memory: bool,
+}
+
 /// One device's raw operations.
 #[derive(Debug)]
 pub(crate) enum Backend {
@@ -77,13 +87,17 @@ impl Backend {
     }
 
     /// Asks the driver for `bytes` of device memory, aligned to 256 bytes.
-    pub(crate) fn malloc(&self, ordinal: u32, bytes: usize) -> Result<u64> {
+    pub(crate) fn malloc(&self, ordinal: u32, bytes: usize) -> Result<u64, DriverRefusal> {
         match self {
             Backend::Sim(s) => s
                 .malloc(bytes, DEVICE_ALIGN)
-                .map_err(|message| Error::Device {
-                    device: ordinal,
-                    message: format!("cuMemAlloc: {message}"),
+                // The simulated device refuses only for want of memory.
+                .map_err(|message| DriverRefusal {
+                    error: Box::new(Error::Device {
+                        device: ordinal,
+                        message: format!("cuMemAlloc: {message}"),
+                    }),
+                    out_of_memory: true,
                 }),
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.malloc(bytes),

@@ -20,6 +20,7 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaGraph, CudaStream, DriverError};
 
+use super::backend::DriverRefusal;
 use crate::error::{Error, Result};
 
 /// A CUDA device: its context and the stream all of its work goes to.
@@ -152,11 +153,18 @@ impl Cuda {
     }
 
     /// `cuMemAlloc` of `bytes` (aligned to at least 256 bytes by the driver).
-    pub(crate) fn malloc(&self, bytes: usize) -> Result<u64> {
-        self.bind()?;
+    pub(crate) fn malloc(&self, bytes: usize) -> Result<u64, DriverRefusal> {
+        let refusal = |error, out_of_memory| DriverRefusal {
+            error: Box::new(error),
+            out_of_memory,
+        };
+        self.bind().map_err(|e| refusal(e, false))?;
         // SAFETY: the memory is returned uninitialised; it is handed out as bytes that a
         // copy or a kernel writes before anything reads them.
-        unsafe { result::malloc_sync(bytes) }.map_err(|e| self.err("cuMemAlloc", e))
+        unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            let out_of_memory = e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+            refusal(self.err("cuMemAlloc", e), out_of_memory)
+        })
     }
 
     /// `cuMemFree`.
@@ -205,7 +213,12 @@ impl Cuda {
         self.bind()?;
         // SAFETY: by the caller's contract.
         unsafe { result::memcpy_dtod_sync(dst, src, bytes) }
-            .map_err(|e| self.err("cuMemcpyDtoD", e))
+            .map_err(|e| self.err("cuMemcpyDtoD", e))?;
+        // A copy between device addresses returns before it is done (no host-side
+        // synchronization, even through the synchronous call): wait, so that it returns
+        // when the destination holds the bytes and the source may be reused (semantics
+        // §5.4), as it must when either side is pinned host memory.
+        self.synchronize()
     }
 
     /// Sets `bytes` of device memory to `value`.
@@ -215,7 +228,10 @@ impl Cuda {
     pub(crate) unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: by the caller's contract.
-        unsafe { result::memset_d8_sync(dst, value, bytes) }.map_err(|e| self.err("cuMemsetD8", e))
+        unsafe { result::memset_d8_sync(dst, value, bytes) }
+            .map_err(|e| self.err("cuMemsetD8", e))?;
+        // Asynchronous for device memory: wait, as for a copy.
+        self.synchronize()
     }
 
     /// Sets `bytes` of device memory to `value` on the stream kernels go to (a capture's,

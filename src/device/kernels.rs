@@ -223,9 +223,16 @@ impl Cuda {
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err("no NVRTC library found (libnvrtc.so could not be loaded)".into());
         }
-        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx(SOURCE))
-            .map_err(|_| "the NVRTC library lacks a required function".to_string())?
-            .map_err(|e| format!("compiling the device kernels: {e}"))?;
+        // No fused multiply-adds: `y += alpha * x` rounds twice, as on the host and the
+        // simulated device (NVRTC fuses by default, one rounding: a last-bit difference).
+        let options = cudarc::nvrtc::CompileOptions {
+            fmad: Some(false),
+            ..Default::default()
+        };
+        let ptx =
+            std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options))
+                .map_err(|_| "the NVRTC library lacks a required function".to_string())?
+                .map_err(|e| format!("compiling the device kernels: {e}"))?;
         let module = self
             .context()
             .load_module(ptx)

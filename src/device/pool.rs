@@ -31,6 +31,10 @@ const CLASSES: usize = 1 + 4 * (MAX_CACHED.trailing_zeros() as usize - 9);
 /// Buffers kept per class.
 pub(crate) const CACHED_PER_CLASS: usize = 32;
 
+/// What an out-of-memory error names as its limit when the driver, not the device's
+/// budget, refused: the device's memory itself ([`Inner::limit_advice`] says what to do).
+pub(crate) const DRIVER_REFUSED: &str = "the device's memory (the driver had none left)";
+
 /// The class of a request: its index (`None`: not cached) and the bytes it holds.
 pub(crate) fn size_class(bytes: usize) -> (Option<usize>, usize) {
     if bytes <= MIN_CLASS {
@@ -221,14 +225,23 @@ impl Inner {
                         bump(&self.counters.driver_allocations, 1);
                         return Ok(ptr);
                     }
-                    Err(e) => {
+                    Err(refusal) => {
                         self.pool.budget.release(capacity);
-                        if rounds > 0 || self.trim() == 0 {
-                            bump(&self.counters.failed_allocations, 1);
-                            return Err(e);
+                        // One retry, after what gives the driver memory back: the frees
+                        // waiting for reclamation, then the cache.
+                        if rounds == 0 {
+                            let flushed = self.flush_deferred();
+                            if self.trim() > 0 || flushed {
+                                bump(&self.counters.alloc_retries, 1);
+                                rounds = RELIEF_ROUNDS;
+                                continue;
+                            }
                         }
-                        bump(&self.counters.alloc_retries, 1);
-                        rounds = RELIEF_ROUNDS; // the driver refused: one retry only
+                        bump(&self.counters.failed_allocations, 1);
+                        if !refusal.out_of_memory {
+                            return Err(*refusal.error);
+                        }
+                        return Err(self.driver_out_of_memory(bytes, capacity));
                     }
                 },
                 Err(exhausted) => {
@@ -272,6 +285,30 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// The driver had no memory for a request the budget allowed (other processes, or
+    /// memory outside the pool, hold the rest): an out-of-memory error of the device
+    /// (semantics §5.2), `used` and `limit` the device's memory in use and in total, as
+    /// the driver says, with the report, the timeline's event and the `on_oom` hooks of
+    /// any refusal at a limit.
+    fn driver_out_of_memory(&self, bytes: usize, capacity: usize) -> Error {
+        let (free, total) = self.backend.memory_info().unwrap_or((0, self.total_memory));
+        let error = AllocError::OutOfMemory {
+            kind: MemoryKind::Device(self.ordinal),
+            requested: bytes,
+            needed: capacity,
+            thread: ndmem_alloc::os_thread_id(),
+            used: total.saturating_sub(free),
+            limit: total,
+            holders: self.counters.holders(),
+            variable: DRIVER_REFUSED,
+            report: None,
+        };
+        super::note_refusal(self);
+        ndmem_alloc::trace::refused_device(self.ordinal, self.pool.budget.used(), &error);
+        super::note_refusal(self);
+        error.into()
     }
 
     /// Flushes deferred frees until some of this device's come back, or none are

@@ -278,6 +278,19 @@ fn is_global(pool: &Pool) -> bool {
 /// environment, the call when it was set in code (semantics §1).
 fn limit_advice(error: &AllocError, pool: Option<&'static Pool>) -> String {
     let (kind, limit) = match error {
+        AllocError::OutOfMemory {
+            kind: MemoryKind::Device(_),
+            limit,
+            variable: crate::device::DRIVER_REFUSED,
+            ..
+        } => {
+            return format!(
+                "the driver had no device memory left ({} in all, held by this process's pool \
+                 and whatever else uses the device: other processes, libraries): free device \
+                 memory, or call trim() on the device to give its cache back",
+                ByteSize(*limit)
+            )
+        }
         AllocError::OutOfMemory { kind, limit, .. } => (*kind, *limit),
         AllocError::PhysicalLimit {
             rss,

@@ -209,9 +209,38 @@ fn the_simulated_driver_refuses_what_the_device_does_not_hold() {
     )
     .unwrap();
     let _a = gpu.allocate(800 << 10).unwrap();
+    // Semantics §5.2: the driver's refusal for want of memory is an out-of-memory error of
+    // the device, with its report (the device's memory in use and in all, what to do), a
+    // failure counted and the hooks called, as a refusal at the budget is.
+    let failed = gpu.stats().failed_allocations;
     let err = gpu.allocate(800 << 10).unwrap_err();
-    assert!(matches!(err, Error::Device { device: 0, .. }), "{err:?}");
-    assert!(err.to_string().contains("out of memory"), "{err}");
+    assert!(err.is_out_of_memory(), "{err:?}");
+    let Error::Alloc(AllocError::OutOfMemory {
+        kind: MemoryKind::Device(0),
+        requested,
+        used,
+        limit,
+        ..
+    }) = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!((*requested, *limit), (800 << 10, 1 << 20));
+    assert!(
+        (800 << 10..1 << 20).contains(used),
+        "the first buffer's class: {used}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("[DEVICE 0]"), "{text}");
+    assert!(
+        text.contains("the driver had no device memory left"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("NDMEM_MAX_DEVICE_BYTES"),
+        "no limit to raise: {text}"
+    );
+    assert_eq!(gpu.stats().failed_allocations, failed + 1);
 }
 
 #[test]
@@ -535,10 +564,8 @@ fn a_request_no_budget_can_hold_is_an_invalid_layout_not_an_oom() {
     }
     assert_eq!(gpu.stats().failed_allocations, 0);
     // The largest request below it is the driver's to refuse (the device has 1 GiB).
-    assert!(matches!(
-        gpu.allocate((1usize << 62) - 1),
-        Err(Error::Device { .. })
-    ));
+    let err = gpu.allocate((1usize << 62) - 1).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err:?}");
 }
 
 #[test]
