@@ -213,12 +213,7 @@ impl Cuda {
         self.bind()?;
         // SAFETY: by the caller's contract.
         unsafe { result::memcpy_dtod_sync(dst, src, bytes) }
-            .map_err(|e| self.err("cuMemcpyDtoD", e))?;
-        // A copy between device addresses returns before it is done (no host-side
-        // synchronization, even through the synchronous call): wait, so that it returns
-        // when the destination holds the bytes and the source may be reused (semantics
-        // §5.4), as it must when either side is pinned host memory.
-        self.synchronize()
+            .map_err(|e| self.err("cuMemcpyDtoD", e))
     }
 
     /// Sets `bytes` of device memory to `value`.
@@ -228,10 +223,7 @@ impl Cuda {
     pub(crate) unsafe fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: by the caller's contract.
-        unsafe { result::memset_d8_sync(dst, value, bytes) }
-            .map_err(|e| self.err("cuMemsetD8", e))?;
-        // Asynchronous for device memory: wait, as for a copy.
-        self.synchronize()
+        unsafe { result::memset_d8_sync(dst, value, bytes) }.map_err(|e| self.err("cuMemsetD8", e))
     }
 
     /// Sets `bytes` of device memory to `value` on the stream kernels go to (a capture's,

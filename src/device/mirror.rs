@@ -340,13 +340,13 @@ impl Mirror {
     }
 
     fn range(&self) -> RawRange {
-        let (ptr, id) = match (&self.device_side, &self.host) {
-            (Some(buffer), _) => (buffer.device_ptr(), buffer.device_id()),
-            (None, Some(HostCopy::Pinned(p))) => (p.device_ptr(), p.device_id()),
+        let (ptr, id, host) = match (&self.device_side, &self.host) {
+            (Some(buffer), _) => (buffer.device_ptr(), buffer.device_id(), false),
+            (None, Some(HostCopy::Pinned(p))) => (p.device_ptr(), p.device_id(), true),
             // A HostOnly mirror always has its pinned copy.
-            (None, _) => (0, Arc::as_ptr(&self.device.inner) as usize),
+            (None, _) => (0, Arc::as_ptr(&self.device.inner) as usize, false),
         };
-        RawRange::new(self.device.ordinal(), id, ptr, self.len)
+        RawRange::new(self.device.ordinal(), id, ptr, self.len).in_host_memory(host)
     }
 
     /// A copy of this buffer on `other` (with the same policy): the newest bytes, copied

@@ -88,6 +88,13 @@ pub trait DeviceMemory: Sealed {
     /// Which device object it belongs to (devices of two backends may share an ordinal).
     #[doc(hidden)]
     fn device_id(&self) -> usize;
+    /// Whether the range is pinned host memory the device reaches in place (a
+    /// [`PinnedBuffer`], a `HostOnly` mirror or workspace): a copy or fill touching it
+    /// waits for the device before it returns, where one between device buffers need not.
+    #[doc(hidden)]
+    fn is_host_memory(&self) -> bool {
+        false
+    }
 }
 
 /// A [`DeviceMemory`] range that may be written: copies into it and device operations on
@@ -113,6 +120,9 @@ macro_rules! device_memory_by {
             }
             fn device_id(&self) -> usize {
                 $crate::device::DeviceMemory::device_id(&self.$field)
+            }
+            fn is_host_memory(&self) -> bool {
+                $crate::device::DeviceMemory::is_host_memory(&self.$field)
             }
         }
     };

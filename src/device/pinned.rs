@@ -120,6 +120,9 @@ impl DeviceMemory for PinnedBuffer {
     fn device_id(&self) -> usize {
         Arc::as_ptr(&self.device) as usize
     }
+    fn is_host_memory(&self) -> bool {
+        true
+    }
 }
 
 /// The raw parts of a pinned buffer on their way to a deferred free.

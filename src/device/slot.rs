@@ -94,6 +94,8 @@ impl DeviceSlot {
             device_id: std::sync::Arc::as_ptr(&self.device.inner) as usize,
             ptr,
             len: self.len,
+            // A tensor's mirror is `Full`: its device side is device memory.
+            host: false,
         })
     }
 }
@@ -115,6 +117,8 @@ pub(crate) struct RawRange {
     device_id: usize,
     ptr: u64,
     len: usize,
+    /// Pinned host memory (see [`DeviceMemory::is_host_memory`]).
+    host: bool,
 }
 
 impl RawRange {
@@ -125,7 +129,13 @@ impl RawRange {
             device_id,
             ptr,
             len,
+            host: false,
         }
+    }
+
+    /// The range, marked as pinned host memory if `host`.
+    pub(crate) fn in_host_memory(self, host: bool) -> RawRange {
+        RawRange { host, ..self }
     }
 
     /// All of `memory`.
@@ -135,6 +145,7 @@ impl RawRange {
             device_id: memory.device_id(),
             ptr: memory.device_ptr(),
             len: memory.len(),
+            host: memory.is_host_memory(),
         }
     }
 
@@ -174,5 +185,8 @@ impl DeviceMemory for RawRange {
     }
     fn device_id(&self) -> usize {
         self.device_id
+    }
+    fn is_host_memory(&self) -> bool {
+        self.host
     }
 }

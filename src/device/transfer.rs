@@ -138,6 +138,12 @@ impl Device {
                 .backend
                 .copy_dtod(src.device_ptr(), dst.device_ptr(), src.len())?
         };
+        // A copy between device addresses returns before it is done; one that reads or
+        // writes pinned host memory must be done when it returns (semantics §5.4: the
+        // source may be reused, the destination holds the bytes).
+        if src.is_host_memory() || dst.is_host_memory() {
+            self.inner.backend.synchronize()?;
+        }
         bump(&self.inner.counters.dtod, 1);
         bump(&self.inner.counters.dtod_bytes, src.len() as u64);
         trace::record_device(EventKind::Transfer, self.inner.ordinal, src.len(), 0);
@@ -152,8 +158,13 @@ impl Device {
         unsafe {
             self.inner
                 .backend
-                .memset(dst.device_ptr(), value, dst.len())
+                .memset(dst.device_ptr(), value, dst.len())?
+        };
+        // As for a copy: done when it returns if it wrote pinned host memory.
+        if dst.is_host_memory() {
+            self.inner.backend.synchronize()?;
         }
+        Ok(())
     }
 
     /// On a simulated device, the bytes of a device range, readable from the host (how

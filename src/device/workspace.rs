@@ -349,7 +349,8 @@ impl DeviceCycle<'_> {
                 Arc::as_ptr(&ws.device.inner) as usize,
                 ptr,
                 bytes,
-            ),
+            )
+            .in_host_memory(ws.mirroring == MirroringPolicy::HostOnly),
             _cycle: PhantomData,
         })
     }

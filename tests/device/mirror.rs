@@ -181,6 +181,26 @@ fn host_only_allocates_no_device_memory_and_never_copies() {
 }
 
 #[test]
+fn pinned_host_memory_is_marked_so_copies_into_it_wait_for_the_device() {
+    // Semantics §5.4: a copy or fill that reads or writes pinned host memory is done when
+    // it returns (on CUDA it then waits for the device; between device buffers it need not).
+    let gpu = sim(0, 1 << 30);
+    let mut pinned = gpu.allocate_pinned(BYTES).unwrap();
+    let buffer = gpu.allocate(BYTES).unwrap();
+    assert!(pinned.is_host_memory());
+    assert!(!buffer.is_host_memory());
+    let mut host_only = Mirror::new(&gpu, BYTES, MirroringPolicy::HostOnly).unwrap();
+    assert!(host_only.device().unwrap().is_host_memory());
+    let mut full = Mirror::new(&gpu, BYTES, MirroringPolicy::Full).unwrap();
+    assert!(!full.device().unwrap().is_host_memory());
+    gpu.fill(&mut pinned, 7).unwrap();
+    assert!(
+        pinned.as_slice().iter().all(|&b| b == 7),
+        "filled when fill returns"
+    );
+}
+
+#[test]
 fn a_read_only_device_side_cannot_be_written_through() {
     // `device()` gives a range for reading; copies into it need `device_mut` (the trait
     // bound says so at compile time). Here: a device-to-device copy into the writable side
