@@ -5,9 +5,12 @@
 //! presence is checked before any driver call (cudarc panics on a missing library), the
 //! context is created under `catch_unwind` (a driver too old for a symbol panics in
 //! cudarc), and every driver error becomes `Error::NoDevice` (no usable device) or
-//! `Error::Device` (a device that failed) with the driver's message. All work goes to the
-//! context's default (null) stream, so copies, kernels and events are ordered with each
-//! other; copies are synchronous with respect to the host. A graph capture is the one
+//! `Error::Device` (a device that failed) with the driver's message, but `cuMemAlloc`'s
+//! refusal for want of memory, which the device pool reports as its out-of-memory error.
+//! All work goes to the context's default (null) stream, so copies, kernels and events are
+//! ordered with each other; copies to and from the host are synchronous with respect to
+//! it, and a device-to-device copy or a memset is waited for by its caller when it touches
+//! pinned host memory (`Device::copy`, `Device::fill`). A graph capture is the one
 //! exception: kernels launched while one is under way go to a stream of its own (the
 //! legacy stream cannot be captured), which waits for the default stream's work before a
 //! replay and makes the default stream wait for the replay after it, so the order holds.
