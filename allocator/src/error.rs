@@ -282,10 +282,29 @@ impl fmt::Display for RequestedBytes {
     }
 }
 
+/// The `variable` of a device's [`AllocError::OutOfMemory`] when the driver, not the
+/// device's budget, refused for want of memory: there is no limit of ndmem's to raise, and
+/// `limit` is the device's memory.
+pub const DRIVER_REFUSED: &str = "the device's memory (the driver had none left)";
+
 impl fmt::Display for OomMessage<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(report) = self.report {
             return write!(f, "{}", report.0);
+        }
+        if self.variable == DRIVER_REFUSED {
+            return write!(
+                f,
+                "Can't allocate {} memory: {}; threadId: {}; the driver had no device memory \
+                 left ({} of {} in use, by this process's pool ({}) and whatever else uses \
+                 the device); free device memory",
+                self.kind,
+                RequestedBytes(self.requested, self.needed),
+                self.thread,
+                ByteSize(self.used),
+                ByteSize(self.limit),
+                self.holders.of(self.kind),
+            );
         }
         write!(
             f,

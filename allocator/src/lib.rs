@@ -47,7 +47,7 @@ mod tracking;
 
 pub use error::{
     AllocError, AttachedReport, ByteSize, ConfigError, Holders, MemoryKind, OomDetail,
-    RequestedBytes,
+    RequestedBytes, DRIVER_REFUSED,
 };
 pub use limits::{
     parse_size, LimitSource, LimitSources, Limits, LimitsBuilder, ENV_MAX_BYTES,

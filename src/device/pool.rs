@@ -31,9 +31,7 @@ const CLASSES: usize = 1 + 4 * (MAX_CACHED.trailing_zeros() as usize - 9);
 /// Buffers kept per class.
 pub(crate) const CACHED_PER_CLASS: usize = 32;
 
-/// What an out-of-memory error names as its limit when the driver, not the device's
-/// budget, refused: the device's memory itself ([`Inner::limit_advice`] says what to do).
-pub(crate) const DRIVER_REFUSED: &str = "the device's memory (the driver had none left)";
+pub(crate) use ndmem_alloc::DRIVER_REFUSED;
 
 /// The class of a request: its index (`None`: not cached) and the bytes it holds.
 pub(crate) fn size_class(bytes: usize) -> (Option<usize>, usize) {

@@ -287,7 +287,7 @@ fn limit_advice(error: &AllocError, pool: Option<&'static Pool>) -> String {
             return format!(
                 "the driver had no device memory left ({} in all, held by this process's pool \
                  and whatever else uses the device: other processes, libraries): free device \
-                 memory, or call trim() on the device to give its cache back",
+                 memory",
                 ByteSize(*limit)
             )
         }

@@ -212,8 +212,18 @@ fn the_simulated_driver_refuses_what_the_device_does_not_hold() {
     // Semantics §5.2: the driver's refusal for want of memory is an out-of-memory error of
     // the device, with its report (the device's memory in use and in all, what to do), a
     // failure counted and the hooks called, as a refusal at the budget is.
+    static HOOKED: AtomicUsize = AtomicUsize::new(0);
+    ndmem::stats::on_oom(|report| {
+        if report
+            .to_string()
+            .contains("the driver had no device memory left")
+        {
+            HOOKED.fetch_add(1, Ordering::Relaxed);
+        }
+    });
     let failed = gpu.stats().failed_allocations;
     let err = gpu.allocate(800 << 10).unwrap_err();
+    assert_eq!(HOOKED.load(Ordering::Relaxed), 1, "the hooks saw it");
     assert!(err.is_out_of_memory(), "{err:?}");
     let Error::Alloc(AllocError::OutOfMemory {
         kind: MemoryKind::Device(0),

@@ -112,6 +112,15 @@ fn host_only_workspaces_take_pinned_memory_and_no_device_memory() {
     assert_eq!(stats.driver_allocations, 0);
     assert_eq!(stats.live_bytes, 0);
     assert!(stats.pinned_bytes >= 4096 + 8192);
+    // Its slices are pinned host memory (semantics §5.4: a copy or fill into one waits for
+    // the device); a Full workspace's are not.
+    let cycle = ws.enter();
+    assert!(cycle.allocate(4096, 256).unwrap().is_host_memory());
+    drop(cycle);
+    let full = WorkspaceConfig::default();
+    let mut on_device = DeviceWorkspace::new(&gpu, "DEVICE", &full).unwrap();
+    let cycle = on_device.enter();
+    assert!(!cycle.allocate(4096, 256).unwrap().is_host_memory());
 }
 
 #[test]
