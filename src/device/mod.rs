@@ -33,7 +33,6 @@ mod limit;
 mod mirror;
 mod pinned;
 mod pool;
-pub(crate) use pool::DRIVER_REFUSED;
 mod sim;
 pub(crate) mod slot;
 mod stats;

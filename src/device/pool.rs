@@ -31,8 +31,6 @@ const CLASSES: usize = 1 + 4 * (MAX_CACHED.trailing_zeros() as usize - 9);
 /// Buffers kept per class.
 pub(crate) const CACHED_PER_CLASS: usize = 32;
 
-pub(crate) use ndmem_alloc::DRIVER_REFUSED;
-
 /// The class of a request: its index (`None`: not cached) and the bytes it holds.
 pub(crate) fn size_class(bytes: usize) -> (Option<usize>, usize) {
     if bytes <= MIN_CLASS {
@@ -300,7 +298,7 @@ impl Inner {
             used: total.saturating_sub(free),
             limit: total,
             holders: self.counters.holders(),
-            variable: DRIVER_REFUSED,
+            variable: ndmem_alloc::DRIVER_REFUSED,
             report: None,
         };
         super::note_refusal(self);

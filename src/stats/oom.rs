@@ -281,7 +281,7 @@ fn limit_advice(error: &AllocError, pool: Option<&'static Pool>) -> String {
         AllocError::OutOfMemory {
             kind: MemoryKind::Device(_),
             limit,
-            variable: crate::device::DRIVER_REFUSED,
+            variable: ndmem_alloc::DRIVER_REFUSED,
             ..
         } => {
             return format!(
